@@ -1,0 +1,35 @@
+"""The exception hierarchy: one root, a few meaningful kinds.
+
+Bad *data* is never an exception here (it is a value that flows to the errors table); these are for
+configuration mistakes, definite source faults and fencing, so callers can tell "fix your config"
+from "the source is broken for good" from "someone else owns this pipeline now".
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError"]
+
+
+class ReclockError(Exception):
+    """Root of every error reclock raises on purpose."""
+
+
+class ConfigError(ReclockError):
+    """A pipeline definition is invalid; the message names the file and the field."""
+
+    def __init__(self, field: str, message: str, *, file: str | None = None) -> None:
+        self.field = field
+        self.file = file
+        where = f"{file}: " if file else ""
+        super().__init__(f"{where}{field}: {message}")
+
+
+class DefiniteSourceError(ReclockError):
+    """The source can never make progress again as configured (topic deleted, offsets lost).
+
+    Retrying does not help, so the pipeline fails instead of stalling.
+    """
+
+
+class FencedError(ReclockError):
+    """Another writer committed something this writer's view cannot adopt."""

@@ -1,0 +1,187 @@
+"""Source time: partitions, offsets and frontiers.
+
+A *FromTime* is a source's own coordinate ``(partition, offset)``. A :class:`Frontier` (a source
+*upper*) maps each partition to the first offset that is **not yet** complete: record ``(p, o)`` is
+complete at ``F`` iff ``o < F.offset(p)``. A partition the frontier does not name is at offset 0,
+so partitions that appear later never hold a frontier back and are never skipped (Materialize's
+trailing range at offset 0). The *closed* frontier belongs to a finished source: everything is
+complete at it and it lies above every other frontier.
+
+Frontiers are partially ordered pointwise and form a lattice under :meth:`Frontier.join` (max)
+and :meth:`Frontier.meet` (min); the closed frontier is the top, the empty one the bottom.
+
+Partition ids are hashable values; those that reach a Delta table must be ``int``, ``str`` or
+tuples of them, which :func:`encode_partition` turns into one canonical string.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable, Iterator, Mapping
+from typing import TypeAlias
+
+__all__ = [
+    "MAX_OFFSET",
+    "Frontier",
+    "IntoTime",
+    "Offset",
+    "Partition",
+    "decode_partition",
+    "encode_partition",
+]
+
+Partition: TypeAlias = Hashable
+Offset: TypeAlias = int
+IntoTime: TypeAlias = int
+
+#: The offset a closed frontier reports for every partition: above any int64 source offset.
+MAX_OFFSET: Offset = 2**63 - 1
+
+
+class Frontier:
+    """An immutable map ``partition -> first offset not yet complete``; a hashable value."""
+
+    __slots__ = ("_closed", "_hash", "_offsets")
+
+    def __init__(self, offsets: Mapping[Partition, Offset] | None = None) -> None:
+        items = {}
+        for partition, offset in (offsets or {}).items():
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                raise ValueError(f"offset for partition {partition!r} must be an int >= 0, got {offset!r}")
+            if offset:
+                items[partition] = int(offset)
+        self._offsets: dict[Partition, Offset] = items
+        self._closed = False
+        self._hash: int | None = None
+
+    @classmethod
+    def closed(cls) -> Frontier:
+        """The frontier of a finished source: every record is complete at it."""
+        frontier = cls()
+        frontier._closed = True
+        return frontier
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def offset(self, partition: Partition) -> Offset:
+        """First offset of ``partition`` not complete at this frontier (0 if not named)."""
+        if self._closed:
+            return MAX_OFFSET
+        return self._offsets.get(partition, 0)
+
+    def covers(self, partition: Partition, offset: Offset) -> bool:
+        """Whether record ``(partition, offset)`` is complete at this frontier."""
+        return self._closed or offset < self._offsets.get(partition, 0)
+
+    def partitions(self) -> Iterator[Partition]:
+        """The partitions named with a non-zero offset (none for a closed frontier)."""
+        return iter(self._offsets)
+
+    def items(self) -> Iterator[tuple[Partition, Offset]]:
+        return iter(self._offsets.items())
+
+    def less_equal(self, other: Frontier) -> bool:
+        """Pointwise ``self <= other``: everything complete here is complete at ``other``."""
+        if other._closed:
+            return True
+        if self._closed:
+            return False
+        return all(offset <= other._offsets.get(p, 0) for p, offset in self._offsets.items())
+
+    def join(self, other: Frontier) -> Frontier:
+        """Pointwise maximum: the least frontier at or above both."""
+        if self._closed or other._closed:
+            return Frontier.closed()
+        merged = dict(self._offsets)
+        for p, offset in other._offsets.items():
+            if offset > merged.get(p, 0):
+                merged[p] = offset
+        return Frontier(merged)
+
+    def meet(self, other: Frontier) -> Frontier:
+        """Pointwise minimum: the greatest frontier at or below both."""
+        if self._closed:
+            return other
+        if other._closed:
+            return self
+        return Frontier({p: min(o, other._offsets.get(p, 0)) for p, o in self._offsets.items()})
+
+    def count_to(self, upper: Frontier) -> int:
+        """Number of offsets between this frontier and a finite ``upper`` above it."""
+        if upper._closed:
+            raise ValueError("cannot count offsets up to a closed frontier")
+        return sum(max(0, o - self._offsets.get(p, 0)) for p, o in upper._offsets.items())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Frontier):
+            return NotImplemented
+        return self._closed == other._closed and self._offsets == other._offsets
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash((self._closed, frozenset(self._offsets.items())))
+        return self._hash
+
+    def __repr__(self) -> str:
+        if self._closed:
+            return "Frontier.closed()"
+        return f"Frontier({self._offsets!r})"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        if self._closed:
+            return (Frontier.closed, ())
+        return (Frontier, (self._offsets,))
+
+    def to_json(self) -> str:
+        """Canonical JSON (partitions encoded, sorted) for configs, logs and status tables."""
+        if self._closed:
+            return json.dumps({"closed": True})
+        encoded = sorted((encode_partition(p), o) for p, o in self._offsets.items())
+        return json.dumps({"offsets": dict(encoded)}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Frontier:
+        data = json.loads(text)
+        if data.get("closed"):
+            return cls.closed()
+        return cls({decode_partition(p): o for p, o in data.get("offsets", {}).items()})
+
+
+def encode_partition(partition: Partition) -> str:
+    """Canonical, reversible string for a partition id, readable for plain names.
+
+    ``"gen-0" -> gen-0``, ``3 -> 3``, ``("orders", 3) -> ["orders",3]``; a string that would read
+    back as something else (``"12"``, ``"[x"``) is JSON-quoted.
+    """
+    if isinstance(partition, bool):
+        raise TypeError(f"partition id must be int, str or a tuple of them, got {partition!r}")
+    if isinstance(partition, int):
+        return str(partition)
+    if isinstance(partition, str):
+        if partition and partition[0] not in '["' and not _looks_like_int(partition):
+            return partition
+        return json.dumps(partition)
+    if isinstance(partition, tuple) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in partition):
+        return json.dumps(list(partition), separators=(",", ":"))
+    raise TypeError(f"partition id must be int, str or a tuple of them, got {partition!r}")
+
+
+def decode_partition(text: str) -> Partition:
+    """Inverse of :func:`encode_partition`."""
+    if text.startswith("["):
+        return tuple(json.loads(text))
+    if text.startswith('"'):
+        return json.loads(text)
+    if _looks_like_int(text):
+        return int(text)
+    return text
+
+
+def _looks_like_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True

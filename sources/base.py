@@ -1,0 +1,179 @@
+"""The contract between reclock and a source reader.
+
+Shaped like PySpark 4's Python streaming data source (``latestOffset``, ``partitions``, ``read``,
+``commit``) with reclock's vocabulary:
+
+* :meth:`Source.upper` runs on the driver and *probes* how far data exists now, as a
+  :class:`~reclock.time.Frontier` (offset = first offset **not** yet available).
+* :meth:`Source.splits` cuts the records between two frontiers into picklable :class:`Split` s.
+* :meth:`Source.read` runs in a Spark task and yields ``(output name, Arrow batch)`` pairs. It must
+  be *replayable*: the same split returns the same records every time, which is what makes
+  resumption exact. Every batch carries ``_partition`` (the encoded partition id, see
+  :func:`~reclock.time.encode_partition`) and ``_offset`` (int64, the record's source offset)
+  next to the output's own columns.
+* :meth:`Source.commit` is told the resume frontier after each batch (advisory: a Kafka source
+  commits it to its consumer group); resumption never reads it back.
+
+A record that cannot be decoded is not an exception: the reader yields it to :data:`ERRORS` with
+its coordinates so that it is never silently lost, or raises :class:`RecordError` when the
+pipeline's ``on_record_error`` is ``fail`` (the source gets that policy in its settings).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import pyarrow as pa
+
+from reclock.errors import ReclockError
+from reclock.time import Frontier, Offset, Partition
+
+__all__ = [
+    "ERRORS",
+    "ERRORS_SCHEMA",
+    "LINEAGE_FIELDS",
+    "Envelope",
+    "Output",
+    "RecordError",
+    "Source",
+    "SourceBase",
+    "Split",
+    "cap_frontier",
+    "error_batch",
+]
+
+Envelope = Literal["append", "upsert", "debezium"]
+
+#: Output name of the errors table every pipeline has; readers yield bad records to it.
+ERRORS = "_errors"
+
+#: Columns every batch from :meth:`Source.read` carries besides the output's own.
+LINEAGE_FIELDS = (pa.field("_partition", pa.string(), nullable=False), pa.field("_offset", pa.int64(), nullable=False))
+
+ERRORS_SCHEMA = pa.schema(
+    [
+        pa.field("kind", pa.string()),
+        pa.field("message", pa.string()),
+        pa.field("raw", pa.binary()),
+    ]
+)
+
+
+class RecordError(ReclockError):
+    """A record could not be decoded and the pipeline asked to fail the batch."""
+
+
+@dataclass(frozen=True)
+class Output:
+    """A subsource: one Delta table. ``schema`` holds only the output's own columns."""
+
+    name: str
+    schema: pa.Schema
+    key: tuple[str, ...] = ()
+    envelope: Envelope = "append"
+
+
+@dataclass(frozen=True)
+class Split:
+    """Picklable unit of work: offsets ``[start, end)`` of one partition (``end`` excluded).
+
+    Sources may subclass it (as a frozen dataclass) to carry what their reader needs.
+    """
+
+    partition: Partition
+    start: Offset
+    end: Offset
+
+
+@runtime_checkable
+class Source(Protocol):
+    def outputs(self) -> Sequence[Output]: ...
+
+    def upper(self) -> Frontier: ...
+
+    def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]: ...
+
+    def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]: ...
+
+    def commit(self, frontier: Frontier) -> None: ...
+
+    def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier: ...
+
+    def end(self) -> Frontier | None: ...
+
+
+class SourceBase:
+    """Defaults for the optional parts of :class:`Source`; subclass and override what differs."""
+
+    #: Largest number of offsets one split covers; bigger ranges are cut into several tasks.
+    max_split_offsets: int = 1_000_000
+
+    def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
+        """One split per partition that advanced, cut at :attr:`max_split_offsets`."""
+        out: list[Split] = []
+        for partition, end in sorted(upper.items(), key=lambda item: repr(item[0])):
+            start = lower.offset(partition)
+            while start < end:
+                stop = min(end, start + self.max_split_offsets)
+                out.append(Split(partition, start, stop))
+                start = stop
+        return out
+
+    def commit(self, frontier: Frontier) -> None:
+        """Advisory; nothing to tell by default."""
+
+    def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
+        """Backpressure: at most ``max_records`` offsets past ``lower``, shared fairly."""
+        return cap_frontier(lower, upper, max_records)
+
+    def end(self) -> Frontier | None:
+        """The final frontier of a bounded source once it is known; ``None`` while unbounded."""
+        return None
+
+
+def cap_frontier(lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
+    """Water-fill ``max_records`` over the partitions between ``lower`` and ``upper``.
+
+    Each lagging partition gets an equal share; what a short partition leaves over goes to the
+    others, so the cap is reached whenever there is enough data and no partition starves.
+    """
+    lags = {p: o - lower.offset(p) for p, o in upper.items() if o > lower.offset(p)}
+    if sum(lags.values()) <= max_records:
+        return upper
+    grant: dict[Partition, int] = {}
+    budget = max_records
+    pending = sorted(lags.items(), key=lambda item: item[1])
+    while pending:
+        share = budget // len(pending)
+        p, lag = pending[0]
+        if lag <= share:
+            grant[p] = lag
+            budget -= lag
+            pending.pop(0)
+            continue
+        for i, (p, _) in enumerate(pending):
+            grant[p] = share + (1 if i < budget - share * len(pending) else 0)
+        break
+    return lower.join(Frontier({p: lower.offset(p) + g for p, g in grant.items()}))
+
+
+def error_batch(
+    partition: str,
+    offsets: Sequence[Offset],
+    kinds: Sequence[str],
+    messages: Sequence[str],
+    raws: Sequence[bytes | None],
+) -> pa.RecordBatch:
+    """Build a batch for :data:`ERRORS` (``partition`` already encoded)."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([partition] * len(offsets), pa.string()),
+            pa.array(offsets, pa.int64()),
+            pa.array(kinds, pa.string()),
+            pa.array(messages, pa.string()),
+            pa.array(raws, pa.binary()),
+        ],
+        schema=pa.schema([*LINEAGE_FIELDS, *ERRORS_SCHEMA]),
+    )
