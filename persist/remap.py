@@ -1,0 +1,144 @@
+"""The remap table: a pipeline's bindings, durable in Delta, appended by compare-and-append.
+
+Each binding is one Delta commit of rows ``(into_ts, partition, offset, closed)``: one row per
+partition whose upper moved, or a single row with a null partition when only time advanced
+(``closed`` marks the binding of a finished source). The table is never rewritten, so replaying
+the rows in ``into_ts`` order rebuilds exactly the :class:`~reclock.bindings.Bindings` every
+writer saw.
+
+Compare-and-append: a writer commits on the snapshot its view was built from with
+``max_commit_retries=0``, so the commit lands at exactly the next version or not at all (Delta's
+put-if-absent of the log file is the atomic compare). A writer that loses re-reads the table,
+adopts what won and mints only the remainder if its proposal still advances both the time and the
+frontier (Materialize #12600: never rebind what is already bound).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError
+
+from reclock.bindings import Bindings
+from reclock.time import Frontier, IntoTime, decode_partition, encode_partition
+
+__all__ = ["REMAP_SCHEMA", "RemapTable"]
+
+REMAP_SCHEMA = pa.schema(
+    [
+        pa.field("into_ts", pa.int64(), nullable=False),
+        pa.field("partition", pa.string()),
+        pa.field("offset", pa.int64()),
+        pa.field("closed", pa.bool_(), nullable=False),
+    ]
+)
+
+_APP_ID = "reclock/remap"
+
+
+class RemapTable:
+    """Owner of one pipeline's bindings: the synced view plus the Delta table behind it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._table = _open_or_create(self.path)
+        self._bindings = _replay(self._table)
+
+    @property
+    def bindings(self) -> Bindings:
+        """The view as of the last sync or mint; do not mint on it directly."""
+        return self._bindings
+
+    @property
+    def version(self) -> int:
+        return self._table.version()
+
+    def sync(self) -> Bindings:
+        """Catch up with whatever other writers committed since this view was read."""
+        self._table = DeltaTable(str(self.path))
+        self._bindings = _replay(self._table)
+        return self._bindings
+
+    def mint(self, time: IntoTime, frontier: Frontier) -> bool:
+        """Make binding ``(time, frontier)`` durable, unless the table already holds an equal or
+        later binding, in which case adopt the table's bindings and return ``False``.
+
+        Called by the one remap operator of a pipeline; a concurrent or restarted writer is
+        handled, not assumed away.
+        """
+        while True:
+            view = self._bindings
+            if time < view.upper or not view.frontier.less_equal(frontier) or view.is_closed:
+                return False
+            rows = _binding_rows(time, view.frontier, frontier)
+            try:
+                write_deltalake(
+                    self._table,
+                    rows,
+                    mode="append",
+                    commit_properties=CommitProperties(
+                        max_commit_retries=0, app_transactions=[Transaction(_APP_ID, time)]
+                    ),
+                )
+            except CommitFailedError:
+                self.sync()
+                continue
+            view.mint(time, frontier)
+            return True
+
+
+def _open_or_create(path: Path) -> DeltaTable:
+    if (path / "_delta_log").is_dir():
+        return DeltaTable(str(path))
+    try:
+        return DeltaTable.create(str(path), schema=REMAP_SCHEMA, name="reclock_remap")
+    except Exception:
+        if (path / "_delta_log").is_dir():
+            return DeltaTable(str(path))
+        raise
+
+
+def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier) -> pa.Table:
+    if frontier.is_closed:
+        rows = [(None, None, True)]
+    else:
+        rows = [(encode_partition(p), o, False) for p, o in frontier.items() if o > previous.offset(p)]
+        rows = rows or [(None, None, False)]
+    partitions, offsets, closed = zip(*rows, strict=True)
+    return pa.table(
+        [
+            pa.array([time] * len(rows), pa.int64()),
+            pa.array(partitions, pa.string()),
+            pa.array(offsets, pa.int64()),
+            pa.array(closed, pa.bool_()),
+        ],
+        schema=REMAP_SCHEMA,
+    )
+
+
+def _replay(table: DeltaTable) -> Bindings:
+    data = table.to_pyarrow_table().sort_by("into_ts").to_pydict()
+    bindings = Bindings()
+    frontier: dict = {}
+    pending: IntoTime | None = None
+    closed = False
+
+    def flush() -> None:
+        if pending is not None:
+            bindings.mint(pending, Frontier.closed() if closed else Frontier(frontier))
+
+    for time, partition, offset, is_closed in zip(
+        data["into_ts"], data["partition"], data["offset"], data["closed"], strict=True
+    ):
+        if time != pending:
+            flush()
+            pending = time
+        if is_closed:
+            closed = True
+        elif partition is not None:
+            p = decode_partition(partition)
+            frontier[p] = max(frontier.get(p, 0), offset)
+    flush()
+    return bindings

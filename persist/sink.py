@@ -1,0 +1,163 @@
+"""Output sinks: one Delta table per output, each commit labelled so a replay is a no-op.
+
+A batch's rows for one output become parquet files written by the tasks (:func:`write_data_file`)
+and then **one** Delta commit by the driver (:meth:`OutputSink.commit`) carrying
+``Transaction(app_id=<sink id>, version=T)``, where ``T`` is the newest binding the batch covers.
+That label *is* the output's progress: the output holds exactly the rows with ``_into_ts <= T``,
+so its into-time upper is ``T + 1``. A batch with no rows for an output still commits the label,
+otherwise a quiet output would hold back every consistent read and every resume.
+
+delta-rs records the label but does not skip a replay itself, so the sink reads
+``transaction_version`` and commits on the *same* snapshot: a replay of a committed batch is
+skipped before it writes anything, and a racing writer that slips in between makes our commit
+fail with a conflict (same app id), after which we re-check and adopt. Never set
+``delta.setTransactionRetentionDuration`` on these tables: expired labels would let a late replay
+through.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction
+
+from reclock.time import IntoTime
+
+__all__ = ["INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
+
+#: The column every output row carries: its time on the shared timeline (ms since the epoch).
+INTO_TS = "_into_ts"
+
+_STAT_STRING_LIMIT = 64
+
+
+def table_schema(own: pa.Schema, *, lineage: bool = True) -> pa.Schema:
+    """An output table's schema: its own columns, ``_into_ts``, then lineage when appended."""
+    fields = [*own, pa.field(INTO_TS, pa.int64(), nullable=False)]
+    if lineage:
+        fields += [pa.field("_partition", pa.string(), nullable=False), pa.field("_offset", pa.int64(), nullable=False)]
+    return pa.schema(fields)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """A parquet file a task wrote into an output table's folder, not yet part of the table."""
+
+    output: str
+    path: str  # relative to the table root, as Delta wants it
+    size: int
+    num_records: int
+    stats: str
+
+
+def write_data_file(root: str, output: str, table: pa.Table) -> DataFile:
+    """Write ``table`` as one parquet file under ``root``; runs inside a Spark task.
+
+    The file is invisible until a commit adds it; a failed attempt leaves an orphan for ``vacuum``.
+    """
+    name = f"part-{uuid.uuid4().hex}.snappy.parquet"
+    full = os.path.join(root, name)
+    pq.write_table(table, full, compression="snappy")
+    return DataFile(output, name, os.path.getsize(full), table.num_rows, _stats_json(table))
+
+
+class OutputSink:
+    """The driver-side owner of one output table."""
+
+    def __init__(self, path: Path, app_id: str, schema: pa.Schema) -> None:
+        self.path = Path(path)
+        self.app_id = app_id
+        if not (self.path / "_delta_log").is_dir():
+            try:
+                DeltaTable.create(str(self.path), schema=schema)
+            except Exception:
+                if not (self.path / "_delta_log").is_dir():
+                    raise
+        self._upper = _label_upper(DeltaTable(str(self.path)), app_id)
+
+    @property
+    def upper(self) -> IntoTime:
+        """First into time this output does not hold yet (0 before its first commit)."""
+        return self._upper
+
+    def refresh(self) -> IntoTime:
+        self._upper = _label_upper(DeltaTable(str(self.path)), self.app_id)
+        return self._upper
+
+    def commit(self, files: list[DataFile], binding_ts: IntoTime) -> bool:
+        """Add ``files`` in one commit labelled ``binding_ts``; ``False`` if that label is already in.
+
+        Called once per batch after every task finished; the files must hold exactly the rows with
+        ``upper <= _into_ts <= binding_ts``.
+        """
+        table = DeltaTable(str(self.path))
+        if _label_upper(table, self.app_id) > binding_ts:
+            self._upper = _label_upper(table, self.app_id)
+            self._discard(files)
+            return False
+        now_ms = int(time.time() * 1000)
+        actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
+        try:
+            table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=table.schema(),
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(self.app_id, binding_ts, now_ms)],
+                    custom_metadata={"reclock.into_ts": str(binding_ts)},
+                ),
+            )
+        except CommitFailedError:
+            if self.refresh() > binding_ts:
+                self._discard(files)
+                return False
+            raise
+        self._upper = binding_ts + 1
+        return True
+
+    def _discard(self, files: list[DataFile]) -> None:
+        for f in files:
+            (self.path / f.path).unlink(missing_ok=True)
+
+
+def _label_upper(table: DeltaTable, app_id: str) -> IntoTime:
+    version = table.transaction_version(app_id)
+    return 0 if version is None else version + 1
+
+
+def _stats_json(table: pa.Table) -> str:
+    """Delta add-action statistics, so readers (as-of reads on ``_into_ts`` above all) skip files."""
+    mins: dict[str, object] = {}
+    maxs: dict[str, object] = {}
+    nulls: dict[str, int] = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type
+        if not (
+            pa.types.is_integer(kind)
+            or pa.types.is_floating(kind)
+            or pa.types.is_string(kind)
+            or pa.types.is_large_string(kind)
+        ):
+            continue
+        nulls[name] = column.null_count
+        if table.num_rows == column.null_count:
+            continue
+        bounds = pc.min_max(column)
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi)):
+            continue
+        if isinstance(lo, str) and (len(lo) > _STAT_STRING_LIMIT or len(hi) > _STAT_STRING_LIMIT):
+            continue
+        mins[name], maxs[name] = lo, hi
+    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
