@@ -1,6 +1,8 @@
 """The pipeline driver: the batch loop of the design, one binding (or a short run of them) a batch.
 
-One :meth:`Pipeline.step`:
+One :meth:`Pipeline.step` first finishes any *pending* bindings (minted, but not yet in every
+output: a failed or crashed batch), so a retry is exactly the same batch and a restart is a
+catch-up. Only when every output is current does it move on:
 
 1. **probe** the source's upper and cap it to ``max_batch`` (backpressure);
 2. **mint** a binding ``(T, F)`` with ``T = max(now, remap upper)`` by compare-and-append; an idle
@@ -136,10 +138,16 @@ class Pipeline:
 
     # -- the batch loop ------------------------------------------------------------------------
 
+    @property
+    def pending(self) -> bool:
+        """Some binding is durable but not yet in every output."""
+        return self.resume_upper < self.remap.bindings.upper
+
     def step(self) -> BatchReport:
-        """Run steps 1 to 6 of the module docstring once."""
-        self._probe_and_mint()
-        self._on_step("minted")
+        """Catch up pending bindings, or else run steps 1 to 6 of the module docstring once."""
+        if not self.pending:
+            self._probe_and_mint()
+            self._on_step("minted")
         return self._run_batch()
 
     def run(self, stop: threading.Event | None = None, on_batch: Callable[[BatchReport], None] | None = None) -> None:
