@@ -108,6 +108,7 @@ class Pipeline:
         self.settings = settings or Settings()
         self.health = Health.STARTING
         self.last_error: str | None = None
+        self._last_probe: Frontier | None = None
         self._now = now
         self._on_step = on_step or (lambda step: None)
         self.outputs = _outputs_of(source)
@@ -137,6 +138,14 @@ class Pipeline:
         return bindings.is_closed and self.resume_upper >= bindings.upper
 
     # -- the batch loop ------------------------------------------------------------------------
+
+    @property
+    def lag(self) -> int | None:
+        """Offsets the last probe saw that are not yet in every output (``None`` before a probe)."""
+        if self._last_probe is None:
+            return None
+        resume = self.resume_frontier()
+        return 0 if resume.is_closed else resume.count_to(resume.join(self._last_probe))
 
     @property
     def pending(self) -> bool:
@@ -196,6 +205,7 @@ class Pipeline:
             proposal = Frontier.closed()
         else:
             probe = self.source.upper()
+            self._last_probe = probe
             if not bound.less_equal(probe):
                 raise DefiniteSourceError(
                     f"pipeline {self.name}: the source's upper {probe!r} went back below the bound frontier "

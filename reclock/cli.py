@@ -1,0 +1,219 @@
+"""The ``reclock`` command: create, start, stop and watch pipelines; ``demo`` shows the whole path.
+
+Mistakes in what the user typed or configured end in one line naming the field and exit code 2;
+a pipeline that fails ends with its error and exit code 1. Neither prints a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from persist.asof import read_as_of, readable_upper
+from persist.lake import Lake, sink_id
+from reclock import job
+from reclock.config import load_config, parse_config
+from reclock.errors import ConfigError, ReclockError
+from reclock.health import Health
+from reclock.status import read_status
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"reclock: config error: {exc}", file=sys.stderr)
+        return 2
+    except ReclockError as exc:
+        print(f"reclock: {exc}", file=sys.stderr)
+        return 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reclock", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--lake", default=os.environ.get("RECLOCK_LAKE", "lake"), help="lake folder (default: $RECLOCK_LAKE or ./lake)"
+    )
+    commands = parser.add_subparsers(required=True, metavar="command")
+
+    demo = commands.add_parser("demo", help="run a generator pipeline end to end on an embedded default")
+    demo.add_argument("--events", type=int, default=400_000, help="events the generator produces")
+    demo.add_argument("--rate", type=float, default=50_000, help="events per second")
+    demo.add_argument("--engine", choices=("spark", "local"), default="spark")
+    demo.set_defaults(func=_demo)
+
+    create = commands.add_parser("create", help="validate a pipeline definition and store it in its lake")
+    create.add_argument("config", help="the pipeline's TOML file")
+    create.add_argument("--replace", action="store_true", help="replace a stored definition that differs")
+    create.set_defaults(func=_create)
+
+    start = commands.add_parser("start", help="run a pipeline until it finishes or is stopped")
+    start.add_argument("name")
+    start.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+    start.set_defaults(func=_start)
+
+    stop = commands.add_parser("stop", help="ask a running pipeline to stop after its in-flight batch")
+    stop.add_argument("name")
+    stop.add_argument("--wait", type=float, default=0, help="seconds to wait for it to stop")
+    stop.set_defaults(func=_stop)
+
+    status = commands.add_parser("status", help="show the pipelines of the lake")
+    status.add_argument("name", nargs="?")
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=_status)
+    return parser
+
+
+def _create(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    path = job.create(config, replace=args.replace)
+    print(f"created pipeline {config.name!r} in {path.parent.parent}")
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    lake = Lake.at(args.lake)
+    pipeline = job.run(lake, args.name, progress=sys.stderr, max_seconds=args.max_seconds)
+    return 1 if pipeline.health is Health.FAILED else 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    lake = Lake.at(args.lake)
+    job.load(lake, args.name)
+    job.request_stop(lake, args.name)
+    print(f"asked pipeline {args.name!r} to stop after its in-flight batch")
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        status = read_status(lake, args.name) or {}
+        if status.get("health") in (Health.STOPPED.value, Health.FAILED.value):
+            print(f"pipeline {args.name!r} is {status['health']}")
+            return 0
+        time.sleep(0.2)
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    lake = Lake.at(args.lake)
+    names = [args.name] if args.name else lake.pipelines()
+    if args.name:
+        job.load(lake, args.name)
+    rows = [_pipeline_status(lake, name) for name in names]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    if not rows:
+        print(f"no pipelines in {lake.root}")
+        return 0
+    print(
+        _table(
+            ["pipeline", "health", "finished", "batches", "readable upper", "bindings", "last error"],
+            [
+                [
+                    r["pipeline"],
+                    r["health"],
+                    "yes" if r["finished"] else "no",
+                    r["batches"],
+                    _when(r["readable_upper"]),
+                    r["bindings"],
+                    r["last_error"] or "",
+                ]
+                for r in rows
+            ],
+        )
+    )
+    for r in rows:
+        print(f"\n{r['pipeline']} outputs:")
+        print(_table(["output", "rows", "upper"], [[o, f"{n:,}", _when(u)] for o, (n, u) in r["outputs"].items()]))
+    return 0
+
+
+def _pipeline_status(lake: Lake, name: str) -> dict:
+    status = read_status(lake, name) or {}
+    outputs = {}
+    for output in lake.outputs(name):
+        table = DeltaTable(str(lake.output_path(name, output)))
+        label = table.transaction_version(sink_id(name, output))
+        count = sum(pa.table(table.get_add_actions()).column("num_records").to_pylist()) if table.file_uris() else 0
+        outputs[output] = (count, 0 if label is None else label + 1)
+    return {
+        "pipeline": name,
+        "health": status.get("health", "created"),
+        "finished": status.get("finished", False),
+        "batches": status.get("batches", 0),
+        "bindings": status.get("bindings", 0),
+        "readable_upper": readable_upper(lake, name),
+        "resume_frontier": status.get("resume_frontier", "{}"),
+        "last_error": status.get("last_error"),
+        "outputs": outputs,
+    }
+
+
+def _demo(args: argparse.Namespace) -> int:
+    lake = Lake.at(args.lake)
+    shutil.rmtree(lake.pipeline_dir("demo"), ignore_errors=True)
+    config = parse_config(
+        {
+            "pipeline": {
+                "name": "demo",
+                "lake": str(lake.root),
+                "engine": args.engine,
+                "batch_interval": 0.5,
+                "max_batch": 100_000,
+            },
+            "source": {"kind": "generator", "partitions": 4, "rate": args.rate, "limit": args.events},
+        }
+    )
+    job.create(config)
+    print(
+        f"demo: {args.events:,} auction events at {args.rate:,.0f}/s -> persons, auctions, bids in {lake.root}/demo",
+        file=sys.stderr,
+    )
+    pipeline = job.run(lake, "demo", progress=sys.stderr)
+    if pipeline.health is Health.FAILED:
+        return 1
+    upper = readable_upper(lake, "demo")
+    as_of = upper - 1
+    cut = read_as_of(lake, "demo", as_of)
+    print(f"\nconsistent as-of read of every output at into time {as_of} ({_when(as_of)}):")
+    print(
+        _table(
+            ["output", "rows", "min _into_ts", "max _into_ts"],
+            [[name, f"{t.num_rows:,}", _when(_agg(t, min)), _when(_agg(t, max))] for name, t in cut.items()],
+        )
+    )
+    print()
+    return _status(argparse.Namespace(lake=args.lake, name="demo", json=False))
+
+
+def _agg(table: pa.Table, fn) -> int | None:
+    values = table.column("_into_ts").to_pylist()
+    return fn(values) if values else None
+
+
+def _when(ms: int | None) -> str:
+    if not ms:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
+
+
+def _table(header: list[str], rows: list[list[object]]) -> str:
+    cells = [header, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Pipeline definitions: a TOML file, validated before anything runs.
+
+Every mistake is reported as one :class:`~reclock.errors.ConfigError` naming the file and the
+field (``pipeline.max_batch: expected an integer, got 'lots'``), never as a traceback from deep
+inside a source. Strings may reference environment variables as ``${NAME}``: they are expanded
+only when the source is built, so secrets stay out of the stored definition and of every log.
+
+Example::
+
+    [pipeline]
+    name = "auctions"
+    lake = "lake"              # relative to the config file
+    engine = "spark"           # or "local": the in-driver data plane, no JVM
+    batch_interval = 1.0
+
+    [spark]
+    master = "local[2]"
+
+    [source]
+    kind = "generator"
+    rate = 20000
+    limit = 200000
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from reclock.errors import ConfigError
+from reclock.pipeline import Settings
+from sources.base import Source
+
+__all__ = ["PipelineConfig", "build_source", "load_config", "parse_config"]
+
+_SOURCES = {
+    "generator": "sources.generator:GeneratorSource",
+    "kafka": "sources.kafka:KafkaSource",
+}
+_ENGINES = ("spark", "local")
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    lake: str
+    source: Mapping[str, Any]
+    settings: Settings = field(default_factory=Settings)
+    engine: str = "spark"
+    spark_master: str = "local[2]"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored definition: exactly what a TOML file with these values would say."""
+        pipeline = {"name": self.name, "lake": self.lake, "engine": self.engine}
+        pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
+        return {
+            "pipeline": pipeline,
+            "spark": {"master": self.spark_master, "conf": dict(self.spark_conf)},
+            "source": dict(self.source),
+        }
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError("file", "does not exist", file=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("syntax", str(exc), file=str(path)) from None
+    return parse_config(raw, file=str(path), base=path.parent)
+
+
+def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path | None = None) -> PipelineConfig:
+    """Validate a definition already parsed from TOML (or JSON); relative lakes resolve at ``base``."""
+
+    def fail(name: str, message: str) -> ConfigError:
+        return ConfigError(name, message, file=file)
+
+    _only(raw, {"pipeline", "spark", "source"}, "", fail)
+    pipeline = _section(raw, "pipeline", fail, required=True)
+    spark = _section(raw, "spark", fail)
+    source = dict(_section(raw, "source", fail, required=True))
+    _only(pipeline, {"name", "lake", "engine", *(f.name for f in fields(Settings))}, "pipeline.", fail)
+    _only(spark, {"master", "conf"}, "spark.", fail)
+
+    name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
+    lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
+    if base is not None and not os.path.isabs(os.path.expanduser(lake)):
+        lake = str((base / lake).resolve())
+    engine = _typed(pipeline, "engine", str, "pipeline.", fail, default="spark")
+    if engine not in _ENGINES:
+        raise fail("pipeline.engine", f"must be one of {', '.join(_ENGINES)}, got {engine!r}")
+    knobs = {}
+    for f in fields(Settings):
+        kind = float if f.type in ("float", float) else int
+        if f.name in pipeline:
+            knobs[f.name] = _typed(pipeline, f.name, kind, "pipeline.", fail)
+    try:
+        settings = Settings(**knobs)
+    except ConfigError as exc:
+        raise fail(f"pipeline.{exc.field}", str(exc).split(": ", 1)[1]) from None
+    master = _typed(spark, "master", str, "spark.", fail, default="local[2]")
+    conf = spark.get("conf", {})
+    if not isinstance(conf, Mapping):
+        raise fail("spark.conf", "must be a table of Spark settings")
+    kind = source.get("kind")
+    if kind not in _SOURCES:
+        raise fail("source.kind", f"must be one of {', '.join(sorted(_SOURCES))}, got {kind!r}")
+    _check_source_options(kind, source, fail)
+    config = PipelineConfig(name, lake, source, settings, engine, master, {str(k): str(v) for k, v in conf.items()})
+    from persist.lake import NAME_PATTERN
+
+    if not NAME_PATTERN.match(name):
+        raise fail("pipeline.name", f"{name!r} must be an identifier of at most 64 characters")
+    return config
+
+
+def build_source(config: PipelineConfig, *, created_at_ms: int, file: str | None = None) -> Source:
+    """Instantiate the configured source; its own validation errors are prefixed ``source.``."""
+    options = {k: _expand(v) for k, v in config.source.items() if k != "kind"}
+    cls = _source_class(config.source["kind"])
+    if "anchor_ms" in inspect.signature(cls).parameters:
+        options.setdefault("anchor_ms", created_at_ms)
+    try:
+        return cls(**options)
+    except ConfigError as exc:
+        raise ConfigError(f"source.{exc.field}", str(exc).split(": ", 1)[-1], file=file) from None
+
+
+def _check_source_options(kind: str, source: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> None:
+    params = inspect.signature(_source_class(kind)).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for key in source:
+        if key != "kind" and key not in params:
+            raise fail(f"source.{key}", f"unknown option for a {kind} source (known: {', '.join(sorted(params))})")
+
+
+def _source_class(kind: str) -> type:
+    module, _, name = _SOURCES[kind].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _expand(value: Any) -> Any:
+    if isinstance(value, str):
+        return _ENV.sub(lambda m: os.environ.get(m.group(1), ""), value)
+    if isinstance(value, Mapping):
+        return {k: _expand(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    return value
+
+
+def _section(raw: Mapping[str, Any], name: str, fail: Callable[..., ConfigError], required: bool = False) -> Mapping:
+    if name not in raw:
+        if required:
+            raise fail(name, "missing section")
+        return {}
+    value = raw[name]
+    if not isinstance(value, Mapping):
+        raise fail(name, "must be a table")
+    return value
+
+
+def _only(section: Mapping[str, Any], allowed: set[str], prefix: str, fail: Callable[..., ConfigError]) -> None:
+    for key in section:
+        if key not in allowed:
+            raise fail(f"{prefix}{key}", f"unknown key (known: {', '.join(sorted(allowed))})")
+
+
+def _typed(
+    section: Mapping[str, Any],
+    key: str,
+    kind: type,
+    prefix: str,
+    fail: Callable[..., ConfigError],
+    *,
+    required: bool = False,
+    default: Any = None,
+) -> Any:
+    if key not in section:
+        if required:
+            raise fail(f"{prefix}{key}", "missing")
+        return default
+    value = section[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        names = {str: "a string", int: "an integer", float: "a number"}
+        raise fail(f"{prefix}{key}", f"expected {names[kind]}, got {value!r}")
+    return value
