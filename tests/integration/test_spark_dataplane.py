@@ -1,0 +1,99 @@
+"""The Spark data plane against the in-driver one, on the generator, with real Delta tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from persist.asof import read_as_of, read_as_of_spark, readable_upper
+from persist.lake import Lake
+from reclock.dataplane import LocalDataPlane, SparkDataPlane
+from reclock.pipeline import Pipeline, Settings
+from reclock.testing import FakeClock
+from sources.generator import GeneratorSource
+from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+PARTITIONS, LIMIT = 4, 60_000
+
+
+def drive(lake: Path, plane, source=None) -> Pipeline:
+    source = source or GeneratorSource(partitions=PARTITIONS, limit=LIMIT, rate=20_000, max_split_offsets=7_000)
+    clock = FakeClock(0)
+    pipeline = Pipeline("gen", lake, source, data_plane=plane, now=clock, settings=Settings(max_batch=25_000))
+    while not pipeline.finished:
+        clock.advance(1_000)
+        pipeline.step()
+    return pipeline
+
+
+def full_rows(lake: Path) -> dict[str, list[dict]]:
+    lake = Lake.at(lake)
+    return {
+        output: sorted(
+            DeltaTable(str(lake.output_path("gen", output))).to_pyarrow_table().to_pylist(),
+            key=lambda r: (r["_partition"], r["_offset"]),
+        )
+        for output in lake.outputs("gen")
+    }
+
+
+def test_spark_and_in_driver_planes_land_identical_rows(spark, tmp_path):
+    drive(tmp_path / "spark", SparkDataPlane(spark))
+    drive(tmp_path / "local", LocalDataPlane())
+    assert full_rows(tmp_path / "spark") == full_rows(tmp_path / "local")
+    assert_exactly_once_and_stamped_by_the_remap(tmp_path / "spark", "gen", PARTITIONS, LIMIT)
+
+
+def test_spark_as_of_read_matches_the_arrow_as_of_read(spark, tmp_path):
+    pipeline = drive(tmp_path, SparkDataPlane(spark))
+    times = [t for t, _ in pipeline.remap.bindings]
+    assert readable_upper(tmp_path, "gen") == times[-1] + 1
+    for as_of in (times[0], times[len(times) // 2] - 1, times[-1]):
+        arrow = {name: t.num_rows for name, t in read_as_of(tmp_path, "gen", as_of).items()}
+        frames = {name: df.count() for name, df in read_as_of_spark(spark, tmp_path, "gen", as_of).items()}
+        assert frames == arrow
+    assert sum(n for name, n in arrow.items() if name != "_errors") == LIMIT
+
+
+class FailsOnceSource(GeneratorSource):
+    """Fails the first read of one split, in whichever executor process runs it (a marker file)."""
+
+    def __init__(self, marker: str, **options) -> None:
+        super().__init__(**options)
+        self.marker = marker
+
+    def read(self, split):
+        if split.start > 0 and not Path(self.marker).exists():
+            Path(self.marker).touch()
+            yield from list(super().read(split))[:1]  # some rows were produced, then the task dies
+            raise OSError("simulated executor fault")
+        yield from super().read(split)
+
+
+def test_a_failed_batch_is_retried_whole_and_lands_once(spark, tmp_path):
+    source = FailsOnceSource(
+        str(tmp_path / "failed-once"), partitions=PARTITIONS, limit=LIMIT, rate=20_000, max_split_offsets=7_000
+    )
+    clock = FakeClock(0)
+    pipeline = Pipeline(
+        "gen",
+        tmp_path / "lake",
+        source,
+        data_plane=SparkDataPlane(spark),
+        now=clock,
+        settings=Settings(max_batch=25_000),
+    )
+    failures = 0
+    while not pipeline.finished:
+        clock.advance(1_000)
+        try:
+            pipeline.step()
+        except Exception as exc:
+            assert "simulated executor fault" in str(exc)
+            failures += 1
+    assert failures == 1 and (tmp_path / "failed-once").exists()
+    assert_exactly_once_and_stamped_by_the_remap(tmp_path / "lake", "gen", PARTITIONS, LIMIT)
