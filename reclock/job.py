@@ -29,7 +29,8 @@ __all__ = ["create", "load", "request_stop", "run"]
 
 
 def create(config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms) -> Path:
-    """Store ``config`` as the pipeline's definition; refuse to silently change an existing one."""
+    """Validate ``config`` (the source too) and store it; refuse to silently change an existing one."""
+    build_source(config, created_at_ms=now())
     lake = Lake.at(config.lake)
     path = lake.definition_path(config.name)
     definition = config.to_dict()

@@ -1,0 +1,131 @@
+"""The CLI and pipeline definitions: clear one-line errors, and a job that stops when asked."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from reclock.cli import main
+from reclock.config import load_config
+from reclock.errors import ConfigError
+
+GOOD = """
+[pipeline]
+name = "orders"
+lake = "lake"
+engine = "local"
+max_batch = 5000
+
+[source]
+kind = "generator"
+partitions = 2
+limit = 20000
+"""
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "p.toml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "says"),
+    [
+        (GOOD.replace('name = "orders"', ""), "pipeline.name", "missing"),
+        (GOOD.replace("max_batch = 5000", 'max_batch = "lots"'), "pipeline.max_batch", "expected an integer"),
+        (GOOD.replace("max_batch = 5000", "max_batch = 0"), "pipeline.max_batch", ">= 1"),
+        (GOOD.replace("max_batch = 5000", "max_bach = 5000"), "pipeline.max_bach", "unknown key"),
+        (GOOD.replace('kind = "generator"', 'kind = "ftp"'), "source.kind", "must be one of"),
+        (GOOD.replace("partitions = 2", "partitons = 2"), "source.partitons", "unknown option"),
+        (GOOD.replace('engine = "local"', 'engine = "flink"'), "pipeline.engine", "must be one of"),
+        (GOOD.replace('name = "orders"', 'name = "my orders"'), "pipeline.name", "identifier"),
+        (GOOD.replace("[source]", "[sauce]"), "sauce", "unknown key"),
+        (GOOD + "\n[pipeline", "syntax", ""),
+    ],
+)
+def test_each_invalid_config_names_its_field(tmp_path, text, field, says):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert error.value.field == field
+    assert str(error.value).startswith(f"{path}: {field}: ") and says in str(error.value)
+
+
+def test_invalid_source_options_are_reported_by_the_cli_in_one_line(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("partitions = 2", "partitions = 0"))
+    assert main(["create", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "source.partitions" in err[0] and "Traceback" not in err[0]
+
+
+def test_missing_config_file_is_a_clean_error(tmp_path, capsys):
+    assert main(["create", str(tmp_path / "nope.toml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_recreating_with_a_different_definition_needs_replace(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    assert main(["create", str(path)]) == 0
+    assert main(["create", str(path)]) == 0  # identical: nothing to do
+    write(tmp_path, GOOD.replace("max_batch = 5000", "max_batch = 6000"))
+    assert main(["create", str(path)]) == 2
+    assert "--replace" in capsys.readouterr().err
+    assert main(["create", "--replace", str(path)]) == 0
+
+
+def test_start_runs_a_bounded_pipeline_to_the_end_and_status_shows_it(tmp_path, capsys):
+    assert main(["create", str(write(tmp_path, GOOD))]) == 0
+    lake = str(tmp_path / "lake")
+    assert main(["--lake", lake, "start", "orders"]) == 0
+    capsys.readouterr()
+    assert main(["--lake", lake, "status", "--json"]) == 0
+    [status] = json.loads(capsys.readouterr().out)
+    assert status["finished"] and status["health"] == "stopped"
+    assert sum(rows for name, (rows, _) in status["outputs"].items()) == 20_000
+    assert {upper for _, upper in status["outputs"].values()} == {status["readable_upper"]}
+
+
+def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
+    path = write(tmp_path, GOOD.replace("limit = 20000", "limit = 200000\nrate = 20000"))
+    lake = tmp_path / "lake"
+    assert main(["create", str(path)]) == 0
+    job = subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "orders"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    status_path = lake / "orders" / "status.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (status_path.exists() and json.loads(status_path.read_text())["batches"]):
+        time.sleep(0.05)
+    assert main(["--lake", str(lake), "stop", "orders"]) == 0
+    assert job.wait(timeout=60) == 0, job.stderr.read()
+    stopped = json.loads(status_path.read_text())
+    assert stopped["health"] == "stopped" and not stopped["finished"]
+    assert stopped["resume_upper"] > 0  # the batch in flight when asked completed and committed
+
+
+def test_sigterm_stops_a_job_cleanly(tmp_path):
+    path = write(tmp_path, GOOD.replace("limit = 20000", "limit = 200000\nrate = 20000"))
+    lake = tmp_path / "lake"
+    assert main(["create", str(path)]) == 0
+    job = subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "orders"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ},
+    )
+    status_path = lake / "orders" / "status.json"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not status_path.exists():
+        time.sleep(0.05)
+    job.terminate()
+    assert job.wait(timeout=60) == 0
+    assert json.loads(status_path.read_text())["health"] == "stopped"
