@@ -6,6 +6,12 @@ partition whose upper moved, or a single row with a null partition when only tim
 the rows in ``into_ts`` order rebuilds exactly the :class:`~reclock.bindings.Bindings` every
 writer saw.
 
+A *skip* is the other kind of row: ``(into_ts, partition, offset=end, skip_start=start, note)``
+records that the range ``[start, end)`` of a partition, bound at or before ``into_ts``, was given
+up after its batch failed ``max_retries`` times (``stop_on_error = false``). It is durable before
+any output commits the batch, so a replay after a crash excludes the very same records and a
+record can never end up both skipped and loaded.
+
 Compare-and-append: a writer commits on the snapshot its view was built from with
 ``max_commit_retries=0``, so the commit lands at exactly the next version or not at all (Delta's
 put-if-absent of the log file is the atomic compare). A writer that loses re-reads the table,
@@ -15,6 +21,7 @@ frontier (Materialize #12600: never rebind what is already bound).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -22,9 +29,9 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from reclock.bindings import Bindings
-from reclock.time import Frontier, IntoTime, decode_partition, encode_partition
+from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition
 
-__all__ = ["REMAP_SCHEMA", "RemapTable"]
+__all__ = ["REMAP_SCHEMA", "RemapTable", "Skip"]
 
 REMAP_SCHEMA = pa.schema(
     [
@@ -32,8 +39,22 @@ REMAP_SCHEMA = pa.schema(
         pa.field("partition", pa.string()),
         pa.field("offset", pa.int64()),
         pa.field("closed", pa.bool_(), nullable=False),
+        pa.field("skip_start", pa.int64()),
+        pa.field("note", pa.string()),
     ]
 )
+
+
+@dataclass(frozen=True)
+class Skip:
+    """Offsets ``[start, end)`` of ``partition`` given up in the batch labelled ``binding_ts``."""
+
+    binding_ts: IntoTime
+    partition: Partition
+    start: Offset
+    end: Offset
+    reason: str
+
 
 _APP_ID = "reclock/remap"
 
@@ -44,12 +65,17 @@ class RemapTable:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._table = _open_or_create(self.path)
-        self._bindings = _replay(self._table)
+        self._bindings, self._skips = _replay(self._table)
 
     @property
     def bindings(self) -> Bindings:
         """The view as of the last sync or mint; do not mint on it directly."""
         return self._bindings
+
+    @property
+    def skips(self) -> list[Skip]:
+        """Every recorded skip, in binding order."""
+        return list(self._skips)
 
     @property
     def version(self) -> int:
@@ -58,7 +84,7 @@ class RemapTable:
     def sync(self) -> Bindings:
         """Catch up with whatever other writers committed since this view was read."""
         self._table = DeltaTable(str(self.path))
-        self._bindings = _replay(self._table)
+        self._bindings, self._skips = _replay(self._table)
         return self._bindings
 
     def mint(self, time: IntoTime, frontier: Frontier) -> bool:
@@ -88,6 +114,38 @@ class RemapTable:
             view.mint(time, frontier)
             return True
 
+    def record_skips(self, skips: list[Skip]) -> list[Skip]:
+        """Make the skips of one batch durable, unless that batch already has skips recorded.
+
+        Returns the skips now in force for the batch: ours, or the ones another writer (a run
+        before a crash) recorded first, which win because outputs may already reflect them.
+        """
+        binding_ts = skips[0].binding_ts
+        while True:
+            existing = [s for s in self._skips if s.binding_ts == binding_ts]
+            if existing:
+                return existing
+            rows = pa.table(
+                {
+                    "into_ts": [s.binding_ts for s in skips],
+                    "partition": [encode_partition(s.partition) for s in skips],
+                    "offset": [s.end for s in skips],
+                    "closed": [False] * len(skips),
+                    "skip_start": [s.start for s in skips],
+                    "note": [s.reason for s in skips],
+                },
+                schema=REMAP_SCHEMA,
+            )
+            try:
+                write_deltalake(
+                    self._table, rows, mode="append", commit_properties=CommitProperties(max_commit_retries=0)
+                )
+            except CommitFailedError:
+                self.sync()
+                continue
+            self._skips.extend(skips)
+            return list(skips)
+
 
 def _open_or_create(path: Path) -> DeltaTable:
     if (path / "_delta_log").is_dir():
@@ -108,19 +166,22 @@ def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier) -> pa.
         rows = rows or [(None, None, False)]
     partitions, offsets, closed = zip(*rows, strict=True)
     return pa.table(
-        [
-            pa.array([time] * len(rows), pa.int64()),
-            pa.array(partitions, pa.string()),
-            pa.array(offsets, pa.int64()),
-            pa.array(closed, pa.bool_()),
-        ],
+        {
+            "into_ts": [time] * len(rows),
+            "partition": list(partitions),
+            "offset": list(offsets),
+            "closed": list(closed),
+            "skip_start": [None] * len(rows),
+            "note": [None] * len(rows),
+        },
         schema=REMAP_SCHEMA,
     )
 
 
-def _replay(table: DeltaTable) -> Bindings:
+def _replay(table: DeltaTable) -> tuple[Bindings, list[Skip]]:
     data = table.to_pyarrow_table().sort_by("into_ts").to_pydict()
     bindings = Bindings()
+    skips: list[Skip] = []
     frontier: dict = {}
     pending: IntoTime | None = None
     closed = False
@@ -129,9 +190,11 @@ def _replay(table: DeltaTable) -> Bindings:
         if pending is not None:
             bindings.mint(pending, Frontier.closed() if closed else Frontier(frontier))
 
-    for time, partition, offset, is_closed in zip(
-        data["into_ts"], data["partition"], data["offset"], data["closed"], strict=True
-    ):
+    columns = ("into_ts", "partition", "offset", "closed", "skip_start", "note")
+    for time, partition, offset, is_closed, skip_start, note in zip(*(data[c] for c in columns), strict=True):
+        if skip_start is not None:
+            skips.append(Skip(time, decode_partition(partition), skip_start, offset, note or ""))
+            continue
         if time != pending:
             flush()
             pending = time
@@ -141,4 +204,4 @@ def _replay(table: DeltaTable) -> Bindings:
             p = decode_partition(partition)
             frontier[p] = max(frontier.get(p, 0), offset)
     flush()
-    return bindings
+    return bindings, skips

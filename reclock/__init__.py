@@ -5,7 +5,7 @@ and tests can use :class:`Frontier` and :class:`Bindings` anywhere.
 """
 
 from reclock.bindings import Bindings
-from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError
+from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import Frontier, decode_partition, encode_partition
 
@@ -18,6 +18,7 @@ __all__ = [
     "Frontier",
     "ReclockError",
     "Stamper",
+    "TransientError",
     "decode_partition",
     "encode_partition",
 ]

@@ -102,7 +102,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         raise fail("pipeline.engine", f"must be one of {', '.join(_ENGINES)}, got {engine!r}")
     knobs = {}
     for f in fields(Settings):
-        kind = float if f.type in ("float", float) else int
+        kind = {"float": float, "bool": bool}.get(str(f.type), int)
         if f.name in pipeline:
             knobs[f.name] = _typed(pipeline, f.name, kind, "pipeline.", fail)
     try:
@@ -195,7 +195,7 @@ def _typed(
     value = section[key]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        names = {str: "a string", int: "an integer", float: "a number"}
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
         raise fail(f"{prefix}{key}", f"expected {names[kind]}, got {value!r}")
     return value

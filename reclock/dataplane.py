@@ -8,31 +8,39 @@ tests without a JVM) and the Spark plane (real work, a cluster) cannot drift apa
 3. drops rows stamped below their output's upper: those are already durable (a resumed batch
    re-reads from the slowest output's frontier, faster outputs must not get them twice);
 4. shapes the rows to the output table's schema and writes parquet files into its folder;
-5. returns the files' metadata. Nothing is visible until the driver commits.
+5. returns a :class:`SplitResult`: the files' metadata and row counts, or the error that stopped
+   it. Nothing is visible until the driver commits.
 
-A row no binding covers is a broken invariant (the source read outside its split): the task fails
-instead of guessing a time.
+A task never raises for a failing split: it reports the error, so the driver sees *which* splits
+failed and can retry the batch, stop, or skip exactly those ranges (and record them). A row no
+binding covers is a broken invariant (the source read outside its split): an assertion, reported
+the same way but never skipped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from persist.sink import INTO_TS, DataFile, write_data_file
+from reclock.errors import DefiniteSourceError, TransientError
 from reclock.stamp import UNBOUND, Stamper
-from reclock.time import IntoTime
+from reclock.time import IntoTime, encode_partition
 from sources.base import Source, Split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["BatchPlan", "DataPlane", "LocalDataPlane", "SparkDataPlane", "run_split"]
+__all__ = ["BatchPlan", "DataPlane", "LocalDataPlane", "SparkDataPlane", "SplitResult", "run_split"]
 
 
 @dataclass(frozen=True)
@@ -47,15 +55,35 @@ class BatchPlan:
     file_rows: int = 1_000_000
 
 
+@dataclass(frozen=True)
+class SplitResult:
+    """What one task did: the files it wrote, or why it failed (then ``files`` is empty)."""
+
+    split: Split
+    files: list[DataFile] = field(default_factory=list)
+    rows: int = 0
+    bytes_read: int = 0
+    earliest: int | None = None  # least source offset read
+    latest: int | None = None  # greatest source offset read
+    started_ms: int = 0
+    duration_ms: int = 0
+    error: str | None = None
+    error_kind: str | None = None  # "transient", "data", "definite" or "invariant"
+
+    @property
+    def partition(self) -> str:
+        return encode_partition(self.split.partition)
+
+
 class DataPlane(Protocol):
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[DataFile]: ...
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]: ...
 
 
 class LocalDataPlane:
     """Runs every split in the driver process: no per-job cost, no parallelism."""
 
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[DataFile]:
-        return [f for split in splits for f in run_split(plan, split)]
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
+        return [run_split(plan, split) for split in splits]
 
 
 class SparkDataPlane:
@@ -64,19 +92,46 @@ class SparkDataPlane:
     def __init__(self, spark: SparkSession) -> None:
         self.spark = spark
 
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[DataFile]:
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
         if not splits:
             return []
         rdd = self.spark.sparkContext.parallelize(list(splits), len(splits))
-        return rdd.flatMap(functools.partial(run_split, plan)).collect()
+        return rdd.map(functools.partial(run_split, plan)).collect()
 
 
-def run_split(plan: BatchPlan, split: Split) -> list[DataFile]:
+def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
+    started = time.time()
+    stats = {"rows": 0, "bytes_read": 0, "earliest": None, "latest": None}
+    files: list[DataFile] = []
+    try:
+        _run_split(plan, split, files, stats)
+    except Exception as exc:
+        for f in files:
+            _unlink(os.path.join(plan.roots[f.output], f.path))
+        kind = _error_kind(exc)
+        return SplitResult(
+            split,
+            started_ms=int(started * 1000),
+            duration_ms=int((time.time() - started) * 1000),
+            error=f"{type(exc).__name__}: {exc}",
+            error_kind=kind,
+        )
+    return SplitResult(
+        split, files, started_ms=int(started * 1000), duration_ms=int((time.time() - started) * 1000), **stats
+    )
+
+
+def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict) -> None:
     pending: dict[str, list[pa.Table]] = {}
     counts: dict[str, int] = {}
-    files: list[DataFile] = []
     for output, batch in plan.source.read(split):
+        stats["bytes_read"] += batch.nbytes
+        if batch.num_rows:
+            offsets = batch.column("_offset")
+            lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+            stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
+            stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
         schema = plan.schemas.get(output)
         if schema is None:
             raise ValueError(f"source yielded rows for unknown output {output!r} from split {split!r}")
@@ -91,10 +146,25 @@ def run_split(plan: BatchPlan, split: Split) -> list[DataFile]:
             shaped = shaped.filter(pa.array(keep))
         pending.setdefault(output, []).append(shaped)
         counts[output] = counts.get(output, 0) + shaped.num_rows
+        stats["rows"] += shaped.num_rows
         if counts[output] >= plan.file_rows:
             files.append(_flush(plan, output, pending, counts))
     files.extend(_flush(plan, output, pending, counts) for output in list(pending))
-    return files
+
+
+def _error_kind(exc: Exception) -> str:
+    if isinstance(exc, TransientError):
+        return "transient"
+    if isinstance(exc, DefiniteSourceError):
+        return "definite"
+    if isinstance(exc, AssertionError):
+        return "invariant"
+    return "data"
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 def _flush(plan: BatchPlan, output: str, pending: dict[str, list[pa.Table]], counts: dict[str, int]) -> DataFile:
@@ -105,13 +175,13 @@ def _flush(plan: BatchPlan, output: str, pending: dict[str, list[pa.Table]], cou
 
 def _shape(batch: pa.RecordBatch, into: np.ndarray, schema: pa.Schema) -> pa.Table:
     columns = []
-    for field in schema:
-        if field.name == INTO_TS:
+    for target in schema:
+        if target.name == INTO_TS:
             columns.append(pa.array(into, pa.int64()))
             continue
-        index = batch.schema.get_field_index(field.name)
+        index = batch.schema.get_field_index(target.name)
         if index < 0:
-            raise ValueError(f"source batch lacks column {field.name!r} of its output")
+            raise ValueError(f"source batch lacks column {target.name!r} of its output")
         column = batch.column(index)
-        columns.append(column if column.type == field.type else column.cast(field.type))
+        columns.append(column if column.type == target.type else column.cast(target.type))
     return pa.Table.from_arrays(columns, schema=schema)

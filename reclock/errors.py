@@ -7,7 +7,7 @@ from "the source is broken for good" from "someone else owns this pipeline now".
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError"]
+__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError", "TransientError"]
 
 
 class ReclockError(Exception):
@@ -33,3 +33,11 @@ class DefiniteSourceError(ReclockError):
 
 class FencedError(ReclockError):
     """Another writer committed something this writer's view cannot adopt."""
+
+
+class TransientError(ReclockError):
+    """Infrastructure trouble that waiting can cure (a broker that does not answer, a timeout).
+
+    The pipeline stalls and retries with backoff for as long as it lasts; it never counts against
+    ``max_retries`` and never makes a batch skip data, because the data itself is fine.
+    """

@@ -26,20 +26,23 @@ import logging
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 
-from persist.lake import NAME_PATTERN, Lake, sink_id
-from persist.remap import RemapTable
-from persist.sink import DataFile, OutputSink, table_schema
-from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane
-from reclock.errors import ConfigError, DefiniteSourceError
-from reclock.health import Health
-from reclock.time import Frontier, IntoTime
-from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
+import pyarrow as pa
 
-__all__ = ["BatchReport", "Pipeline", "Settings", "wall_clock_ms"]
+from persist.lake import NAME_PATTERN, Lake, sink_id
+from persist.remap import RemapTable, Skip
+from persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
+from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
+from reclock.errors import ConfigError, DefiniteSourceError, ReclockError, TransientError
+from reclock.health import Health
+from reclock.time import Frontier, IntoTime, encode_partition
+from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, Split
+
+__all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline", "Settings", "wall_clock_ms"]
 
 log = logging.getLogger("reclock.pipeline")
 
@@ -57,10 +60,12 @@ class Settings:
     idle_interval: float = 10.0  # seconds between time-only bindings while idle
     max_retries: int = 3  # failed attempts of a batch before the pipeline fails
     retry_backoff: float = 1.0  # seconds, doubled per attempt
+    max_backoff: float = 30.0  # seconds: the longest wait between attempts while stalled
+    stop_on_error: bool = True  # after max_retries: stop (True) or skip what failed, recorded (False)
     file_rows: int = 1_000_000  # rows per parquet file a task writes
 
     def __post_init__(self) -> None:
-        for name in ("batch_interval", "idle_interval", "retry_backoff"):
+        for name in ("batch_interval", "idle_interval", "retry_backoff", "max_backoff"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, "must be >= 0")
         for name in ("max_batch", "file_rows"):
@@ -70,19 +75,44 @@ class Settings:
             raise ConfigError("max_retries", "must be >= 0")
 
 
+class BatchState(StrEnum):
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    NO_DATA = "No Data"
+
+
 @dataclass
 class BatchReport:
-    """What one step did; ``binding_ts`` is ``None`` when there was nothing to do."""
+    """What one step did; ``binding_ts`` (the batch id) is ``None`` when there was nothing to do."""
 
     binding_ts: IntoTime | None = None
+    state: BatchState = BatchState.NO_DATA
     rows: dict[str, int] = field(default_factory=dict)
-    splits: int = 0
+    results: list[SplitResult] = field(default_factory=list)
+    skips: list[Skip] = field(default_factory=list)
     lower: Frontier = field(default_factory=Frontier)
     upper: Frontier = field(default_factory=Frontier)
+    started_ms: int = 0
+    duration_ms: int = 0
+    error: str | None = None
 
     @property
     def idle(self) -> bool:
         return self.binding_ts is None
+
+
+class BatchFailed(ReclockError):
+    """Some splits of a batch failed; nothing of the batch was committed."""
+
+    def __init__(self, report: BatchReport) -> None:
+        self.report = report
+        failed = [r for r in report.results if r.error]
+        self.kinds = {r.error_kind for r in failed}
+        first = failed[0]
+        super().__init__(
+            f"batch {report.binding_ts}: {len(failed)} of {len(report.results)} splits failed; first: partition "
+            f"{first.partition} offsets [{first.split.start}, {first.split.end}): {first.error}"
+        )
 
 
 class Pipeline:
@@ -162,28 +192,49 @@ class Pipeline:
     def run(self, stop: threading.Event | None = None, on_batch: Callable[[BatchReport], None] | None = None) -> None:
         """Step until finished or ``stop`` is set; the in-flight batch always completes first.
 
-        Transient failures are retried ``max_retries`` times with doubling backoff (health
-        ``stalled``); a definite source error or an exhausted retry budget fails the pipeline.
+        Failures, by kind (see ``docs/operations.md``):
+
+        * transient (:class:`TransientError`: broker away, timeouts): health ``stalled``, retried
+          with capped backoff for as long as it lasts; never skips data;
+        * a failed batch (bad data, a corrupt file): retried whole ``max_retries`` times, then the
+          pipeline fails (``stop_on_error``) or records the failed ranges as skipped, durably,
+          and goes on without them;
+        * definite (:class:`DefiniteSourceError`) or a broken invariant: fails at once.
         """
         stop = stop or threading.Event()
         attempts = 0
+        stalls = 0
         while not stop.is_set() and not self.finished:
             try:
                 report = self.step()
-            except DefiniteSourceError as exc:
+            except BatchFailed as exc:
+                if on_batch is not None:
+                    on_batch(exc.report)
+                if exc.kinds & {"invariant", "definite"} or (
+                    "data" in exc.kinds and attempts >= self.settings.max_retries and self.settings.stop_on_error
+                ):
+                    self._fail(exc)
+                    raise
+                if "data" in exc.kinds:
+                    attempts += 1
+                    if attempts > self.settings.max_retries:
+                        self._skip(exc.report, attempts)
+                        attempts = 0
+                        continue
+                stalls += 1
+                self._stall(exc, stop, stalls)
+                continue
+            except (DefiniteSourceError, AssertionError) as exc:
                 self._fail(exc)
                 raise
             except Exception as exc:
-                attempts += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"
-                if attempts > self.settings.max_retries:
+                stalls += 1
+                if not isinstance(exc, TransientError) and stalls > self.settings.max_retries:
                     self._fail(exc)
                     raise
-                self.health = Health.STALLED
-                log.warning("pipeline %s: batch failed (attempt %d), retrying: %s", self.name, attempts, exc)
-                stop.wait(self.settings.retry_backoff * 2 ** (attempts - 1))
+                self._stall(exc, stop, stalls)
                 continue
-            attempts = 0
+            attempts = stalls = 0
             self.health = Health.RUNNING
             self.last_error = None
             if on_batch is not None:
@@ -237,7 +288,8 @@ class Pipeline:
         if upper.is_closed:
             upper = bindings.source_upper_at(hi)
         moved = [p for p, o in upper.items() if o > lower.offset(p)]
-        splits = self.source.splits(lower, upper) if moved else []
+        skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= hi]
+        splits = _without(self.source.splits(lower, upper), skips) if moved else []
         plan = BatchPlan(
             source=self.source,
             stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
@@ -247,7 +299,23 @@ class Pipeline:
             file_rows=self.settings.file_rows,
         )
         # Step 4: write.
-        files = self.data_plane.run(plan, splits)
+        started = wall_clock_ms()
+        results = self.data_plane.run(plan, splits)
+        report = BatchReport(
+            hi, BatchState.SUCCEEDED, results=results, skips=skips, lower=lower, upper=upper, started_ms=started
+        )
+        if any(r.error for r in results):
+            for r in results:
+                for f in r.files:
+                    (Path(plan.roots[f.output]) / f.path).unlink(missing_ok=True)
+            report.state = BatchState.FAILED
+            report.duration_ms = wall_clock_ms() - started
+            failure = BatchFailed(report)
+            report.error = str(failure)
+            raise failure
+        files = [f for r in results for f in r.files]
+        if skips:
+            files += self._skipped_rows(plan, skips)
         self._on_step("written")
         # Step 5: commit each output once.
         by_output: dict[str, list[DataFile]] = {name: [] for name in self.sinks}
@@ -260,13 +328,87 @@ class Pipeline:
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())
         self._on_step("resumed")
-        rows = {name: sum(f.num_records for f in fs) for name, fs in by_output.items()}
-        return BatchReport(binding_ts=hi, rows=rows, splits=len(splits), lower=lower, upper=upper)
+        report.rows = {name: sum(f.num_records for f in fs) for name, fs in by_output.items()}
+        report.duration_ms = wall_clock_ms() - started
+        return report
+
+    def _skipped_rows(self, plan: BatchPlan, skips: list[Skip]) -> list[DataFile]:
+        """One ``_errors`` row per skipped range, stamped like the range's first record."""
+        partitions = pa.array([encode_partition(s.partition) for s in skips], pa.string())
+        starts = pa.array([s.start for s in skips], pa.int64())
+        into = plan.stamper.into_times(partitions, starts)
+        keep = into >= plan.uppers[ERRORS]
+        if not keep.any():
+            return []
+        messages = [
+            f"offsets [{s.start}, {s.end}) of partition {encode_partition(s.partition)} skipped: {s.reason}"
+            for s in skips
+        ]
+        table = pa.table(
+            {
+                "kind": ["skipped"] * len(skips),
+                "message": messages,
+                "raw": pa.nulls(len(skips), pa.binary()),
+                INTO_TS: into,
+                "_partition": partitions,
+                "_offset": starts,
+            },
+            schema=plan.schemas[ERRORS],
+        ).filter(pa.array(keep))
+        return [write_data_file(plan.roots[ERRORS], ERRORS, table)]
+
+    def _skip(self, report: BatchReport, attempts: int) -> None:
+        """Give up the failed splits of a batch, durably, before anything of it commits."""
+        skips = [
+            Skip(
+                report.binding_ts,
+                r.split.partition,
+                r.split.start,
+                r.split.end,
+                f"{r.error} (failed {attempts} attempts)",
+            )
+            for r in report.results
+            if r.error
+        ]
+        recorded = self.remap.record_skips(skips)
+        log.warning(
+            "pipeline %s: skipped %d ranges of batch %s after %d attempts",
+            self.name,
+            len(recorded),
+            report.binding_ts,
+            attempts,
+        )
+
+    def _stall(self, exc: BaseException, stop: threading.Event, stalls: int) -> None:
+        self.health = Health.STALLED
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        log.warning("pipeline %s: stalled (attempt %d), retrying: %s", self.name, stalls, self.last_error)
+        stop.wait(min(self.settings.max_backoff, self.settings.retry_backoff * 2 ** (stalls - 1)))
 
     def _fail(self, exc: BaseException) -> None:
         self.health = Health.FAILED
         self.last_error = f"{type(exc).__name__}: {exc}"
         log.error("pipeline %s failed: %s", self.name, self.last_error)
+
+
+def _without(splits: Sequence[Split], skips: list[Skip]) -> list[Split]:
+    """``splits`` minus the skipped ranges, cut with ``dataclasses.replace`` (subclasses survive)."""
+    if not skips:
+        return list(splits)
+    out: list[Split] = []
+    for split in splits:
+        pieces = [(split.start, split.end)]
+        for skip in skips:
+            if skip.partition != split.partition:
+                continue
+            pieces = [
+                piece
+                for start, end in pieces
+                for piece in ((start, min(end, skip.start)), (max(start, skip.end), end))
+                if piece[0] < piece[1]
+            ]
+        out += [split if (a, b) == (split.start, split.end) else replace(split, start=a, end=b) for a, b in pieces]
+    return out
 
 
 def _outputs_of(source: Source) -> dict[str, Output]:

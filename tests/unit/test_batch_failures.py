@@ -1,0 +1,124 @@
+"""Batch failure semantics: retry whole, then stop with nothing visible or skip what failed, durably."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pyarrow as pa
+import pytest
+
+from reclock.errors import TransientError
+from reclock.health import Health
+from reclock.pipeline import BatchFailed, BatchState, Pipeline, Settings
+from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
+from tests.unit.test_pipeline import tables
+
+SCHEMAS = {"clicks": pa.schema([("user", pa.int64())])}
+
+
+class PoisonSource(MemorySource):
+    """Reads of ``poison`` partitions fail (bad data) while ``poisoned`` is true; transient faults too."""
+
+    def __init__(self, poison=(), transient_faults: int = 0) -> None:
+        super().__init__(SCHEMAS)
+        self.poison = set(poison)
+        self.poisoned = True
+        self.transient_faults = transient_faults
+        self.reads = 0
+
+    def read(self, split):
+        self.reads += 1
+        if self.transient_faults:
+            self.transient_faults -= 1
+            raise TransientError("broker did not answer")
+        if self.poisoned and split.partition in self.poison:
+            raise ValueError(f"corrupt record in {split.partition}")
+        yield from super().read(split)
+
+
+def fill(source: MemorySource) -> None:
+    source.append("good", "clicks", [{"user": i} for i in range(3)])
+    source.append("bad", "clicks", [{"user": 100 + i} for i in range(2)])
+
+
+def reports_of(pipeline: Pipeline, **kwargs):
+    reports = []
+    with contextlib.suppress(BatchFailed):
+        pipeline.run(on_batch=reports.append, **kwargs)
+    return reports
+
+
+def test_failed_batch_is_retried_then_stops_with_nothing_of_it_visible(tmp_path):
+    source = PoisonSource(poison={"bad"})
+    fill(source)
+    source.finish()
+    knobs = Settings(max_retries=2, retry_backoff=0, stop_on_error=True)
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs)
+    reports = reports_of(pipeline)
+    assert [r.state for r in reports] == [BatchState.FAILED] * 3  # the first attempt and two retries
+    assert pipeline.health is Health.FAILED and "corrupt record in bad" in pipeline.last_error
+    assert tables(tmp_path, "p")["clicks"] == []  # not even the good partition of the failed batch
+    assert pipeline.remap.skips == []
+
+
+def test_skip_policy_loads_the_rest_and_records_the_failed_range(tmp_path):
+    source = PoisonSource(poison={"bad"})
+    fill(source)
+    source.finish()
+    knobs = Settings(max_retries=1, retry_backoff=0, stop_on_error=False)
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs)
+    reports = reports_of(pipeline)
+    assert pipeline.finished and pipeline.health is Health.STOPPED
+    assert [r.state for r in reports][:2] == [BatchState.FAILED, BatchState.FAILED]
+    got = tables(tmp_path, "p")
+    assert [r["user"] for r in got["clicks"]] == [0, 1, 2]
+    [error] = got["_errors"]
+    assert error["kind"] == "skipped" and error["_partition"] == "bad" and error["_offset"] == 0
+    assert "offsets [0, 2)" in error["message"] and "corrupt record in bad" in error["message"]
+    [skip] = pipeline.remap.skips
+    assert (skip.partition, skip.start, skip.end) == ("bad", 0, 2)
+
+
+def test_a_skip_decision_survives_a_crash_and_is_never_reversed(tmp_path):
+    source = PoisonSource(poison={"bad"})
+    fill(source)
+    knobs = Settings(max_retries=0, retry_backoff=0, stop_on_error=False)
+    crash = CrashAt("written", nth=1)  # the first batch that gets as far as writing: after the skip
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs, on_step=crash)
+    with pytest.raises(SimulatedCrash):
+        pipeline.run()
+    assert len(pipeline.remap.skips) == 1 and tables(tmp_path, "p")["clicks"] == []
+    source.poisoned = False  # the data would read fine now, but the range was given up durably
+    source.finish()
+    restarted = Pipeline("p", tmp_path, source, now=FakeClock(2000), settings=knobs)
+    restarted.run()
+    got = tables(tmp_path, "p")
+    assert sorted(r["user"] for r in got["clicks"]) == [0, 1, 2]
+    assert [e["_partition"] for e in got["_errors"]] == ["bad"]
+
+
+def test_transient_faults_stall_and_retry_without_ever_skipping(tmp_path):
+    source = PoisonSource(transient_faults=5)
+    fill(source)
+    source.finish()
+    knobs = Settings(max_retries=1, retry_backoff=0, stop_on_error=False)
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs)
+    healths = []
+    pipeline.run(on_batch=lambda r: healths.append(pipeline.health))
+    assert pipeline.finished and pipeline.remap.skips == []
+    assert Health.STALLED in healths
+    assert len(tables(tmp_path, "p")["clicks"]) == 5
+
+
+def test_a_later_batch_continues_after_a_skip(tmp_path):
+    source = PoisonSource(poison={"bad"})
+    fill(source)
+    clock = FakeClock(1000)
+    knobs = Settings(max_retries=0, retry_backoff=0, stop_on_error=False)
+    pipeline = Pipeline("p", tmp_path, source, now=clock, settings=knobs)
+    with pytest.raises(BatchFailed):
+        pipeline.step()
+    source.append("good", "clicks", [{"user": 7}])
+    source.finish()
+    pipeline.run()
+    assert sorted(r["user"] for r in tables(tmp_path, "p")["clicks"]) == [0, 1, 2, 7]
