@@ -17,6 +17,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from persist.lake import Lake, sink_id
+from persist.read import read_table
 from reclock.time import IntoTime
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ def read_as_of(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[
     out = {}
     for output, version in versions.items():
         table = DeltaTable(str(lake.output_path(pipeline, output)), version=version)
-        out[output] = table.to_pyarrow_table(filters=[("_into_ts", "<=", as_of)])
+        out[output] = read_table(table, filters=[("_into_ts", "<=", as_of)])
     return out
 
 

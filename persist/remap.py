@@ -28,6 +28,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from persist.read import read_table
 from reclock.bindings import Bindings
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition
 
@@ -179,7 +180,7 @@ def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier) -> pa.
 
 
 def _replay(table: DeltaTable) -> tuple[Bindings, list[Skip]]:
-    data = table.to_pyarrow_table().sort_by("into_ts").to_pydict()
+    data = read_table(table).sort_by("into_ts").to_pydict()
     bindings = Bindings()
     skips: list[Skip] = []
     frontier: dict = {}

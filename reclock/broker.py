@@ -143,8 +143,12 @@ class EmbeddedBroker:
         """Thaw a paused broker (SIGCONT)."""
         self._signal(signal.SIGCONT)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Terminate the broker (SIGTERM, then SIGKILL after ``timeout_s``); idempotent."""
+    def stop(self, timeout_s: float = 1.0) -> None:
+        """Terminate the broker (SIGTERM, then SIGKILL after ``timeout_s``); idempotent.
+
+        Tansu drains open client connections for about 5 s on SIGTERM; its storage is in memory,
+        so there is nothing to lose by not waiting that long.
+        """
         proc = self._proc
         if proc is None:
             return

@@ -19,11 +19,14 @@ from deltalake import DeltaTable
 
 from persist.asof import read_as_of, readable_upper
 from persist.lake import Lake, sink_id
+from persist.read import read_table
+from persist.status_tables import read_status_table
 from reclock import job
 from reclock.config import load_config, parse_config
 from reclock.errors import ConfigError, ReclockError
 from reclock.health import Health
 from reclock.status import read_status
+from sources.base import ERRORS
 
 __all__ = ["main"]
 
@@ -72,6 +75,22 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("name", nargs="?")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_status)
+
+    for name, about in (
+        ("batches", "the latest batches of a pipeline, one row per batch partition"),
+        ("files", "the state of every file a files pipeline has seen (Loaded, Skipped)"),
+        ("errors", "bad records, skipped ranges and failed batch attempts of a pipeline"),
+    ):
+        table = commands.add_parser(name, help=about)
+        table.add_argument("name")
+        table.add_argument("--limit", type=int, default=20, help="rows to show, newest first (0: all)")
+        table.add_argument("--json", action="store_true", help="machine-readable output")
+        table.set_defaults(func=_show_table, table=name)
+
+    drop = commands.add_parser("drop-file", help="forget a loaded or skipped file so it is ingested again")
+    drop.add_argument("name")
+    drop.add_argument("path", help="the file's path relative to the source directory, as `reclock files` shows it")
+    drop.set_defaults(func=_drop_file)
     return parser
 
 
@@ -85,7 +104,86 @@ def _create(args: argparse.Namespace) -> int:
 def _start(args: argparse.Namespace) -> int:
     lake = Lake.at(args.lake)
     pipeline = job.run(lake, args.name, progress=sys.stderr, max_seconds=args.max_seconds)
-    return 1 if pipeline.health is Health.FAILED else 0
+    if pipeline.health is Health.FAILED:
+        print(f"reclock: pipeline {args.name!r} failed (state Error): {pipeline.last_error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _drop_file(args: argparse.Namespace) -> int:
+    generation = job.drop_file(Lake.at(args.lake), args.name, args.path)
+    print(
+        f"dropped {args.path!r} from pipeline {args.name!r}: the next batch ingests it again (generation {generation})"
+    )
+    return 0
+
+
+_COLUMNS = {
+    "batches": [
+        "batch_id",
+        "state",
+        "partition",
+        "rows",
+        "bytes",
+        "earliest_offset",
+        "latest_offset",
+        "start_ms",
+        "duration_ms",
+        "error",
+    ],
+    "files": ["path", "generation", "size", "state", "batch_id", "time_ms"],
+    "errors": ["time_ms", "kind", "code", "message", "batch_id", "partition", "offset"],
+}
+
+
+def _show_table(args: argparse.Namespace) -> int:
+    lake = Lake.at(args.lake)
+    job.load(lake, args.name)
+    rows = read_status_table(lake, args.table, args.name).to_pylist()
+    if args.table == "files":
+        latest = {}
+        for row in rows:
+            latest[(row["path"], row["generation"])] = row
+        rows = sorted(latest.values(), key=lambda r: r["time_ms"])
+    if args.table == "errors":
+        rows = sorted(rows + _record_errors(lake, args.name), key=lambda r: r["time_ms"] or 0)
+    rows = rows[::-1][: args.limit or None]
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    columns = _COLUMNS[args.table]
+    print(_table(columns, [[_cell(c, row.get(c)) for c in columns] for row in rows]))
+    return 0
+
+
+def _record_errors(lake: Lake, name: str) -> list[dict]:
+    """Rows of the pipeline's ``_errors`` output, shaped like the errors status table."""
+    path = lake.output_path(name, ERRORS)
+    if not (path / "_delta_log").is_dir():
+        return []
+    table = read_table(DeltaTable(str(path)), columns=["kind", "message", "_partition", "_offset", "_into_ts"])
+    return [
+        {
+            "time_ms": r["_into_ts"],
+            "kind": r["kind"],
+            "code": "record",
+            "message": r["message"],
+            "batch_id": r["_into_ts"],
+            "partition": r["_partition"],
+            "offset": r["_offset"],
+        }
+        for r in table.to_pylist()
+    ]
+
+
+def _cell(column: str, value: object) -> str:
+    if value is None:
+        return ""
+    if column in ("start_ms", "time_ms") and isinstance(value, int):
+        return _when(value)
+    if isinstance(value, str) and len(value) > 80:
+        return value[:77] + "..."
+    return str(value)
 
 
 def _stop(args: argparse.Namespace) -> int:

@@ -38,11 +38,12 @@ from reclock.errors import ConfigError
 from reclock.pipeline import Settings
 from sources.base import Source
 
-__all__ = ["PipelineConfig", "build_source", "load_config", "parse_config"]
+__all__ = ["PipelineConfig", "build_source", "load_config", "parse_config", "redacted"]
 
 _SOURCES = {
     "generator": "sources.generator:GeneratorSource",
     "kafka": "sources.kafka:KafkaSource",
+    "files": "sources.files:FilesSource",
 }
 _ENGINES = ("spark", "local")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -57,10 +58,16 @@ class PipelineConfig:
     engine: str = "spark"
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    status_retention_days: float = 7.0
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say."""
-        pipeline = {"name": self.name, "lake": self.lake, "engine": self.engine}
+        pipeline = {
+            "name": self.name,
+            "lake": self.lake,
+            "engine": self.engine,
+            "status_retention_days": self.status_retention_days,
+        }
         pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
         return {
             "pipeline": pipeline,
@@ -90,7 +97,12 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     pipeline = _section(raw, "pipeline", fail, required=True)
     spark = _section(raw, "spark", fail)
     source = dict(_section(raw, "source", fail, required=True))
-    _only(pipeline, {"name", "lake", "engine", *(f.name for f in fields(Settings))}, "pipeline.", fail)
+    _only(
+        pipeline,
+        {"name", "lake", "engine", "status_retention_days", *(f.name for f in fields(Settings))},
+        "pipeline.",
+        fail,
+    )
     _only(spark, {"master", "conf"}, "spark.", fail)
 
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
@@ -98,6 +110,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     if base is not None and not os.path.isabs(os.path.expanduser(lake)):
         lake = str((base / lake).resolve())
     engine = _typed(pipeline, "engine", str, "pipeline.", fail, default="spark")
+    retention = _typed(pipeline, "status_retention_days", float, "pipeline.", fail, default=7.0)
+    if retention <= 0:
+        raise fail("pipeline.status_retention_days", "must be > 0")
     if engine not in _ENGINES:
         raise fail("pipeline.engine", f"must be one of {', '.join(_ENGINES)}, got {engine!r}")
     knobs = {}
@@ -117,7 +132,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     if kind not in _SOURCES:
         raise fail("source.kind", f"must be one of {', '.join(sorted(_SOURCES))}, got {kind!r}")
     _check_source_options(kind, source, fail)
-    config = PipelineConfig(name, lake, source, settings, engine, master, {str(k): str(v) for k, v in conf.items()})
+    config = PipelineConfig(
+        name, lake, source, settings, engine, master, {str(k): str(v) for k, v in conf.items()}, retention
+    )
     from persist.lake import NAME_PATTERN
 
     if not NAME_PATTERN.match(name):
@@ -125,16 +142,39 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     return config
 
 
-def build_source(config: PipelineConfig, *, created_at_ms: int, file: str | None = None) -> Source:
-    """Instantiate the configured source; its own validation errors are prefixed ``source.``."""
+def build_source(
+    config: PipelineConfig, *, created_at_ms: int, file: str | None = None, generations_path: str | None = None
+) -> Source:
+    """Instantiate the configured source; its own validation errors are prefixed ``source.``.
+
+    What only the runtime knows is passed to sources that ask for it by parameter name: the time
+    the pipeline was created (``anchor_ms``) and where dropped files' generations are kept.
+    """
     options = {k: _expand(v) for k, v in config.source.items() if k != "kind"}
     cls = _source_class(config.source["kind"])
-    if "anchor_ms" in inspect.signature(cls).parameters:
+    params = inspect.signature(cls).parameters
+    if "anchor_ms" in params:
         options.setdefault("anchor_ms", created_at_ms)
+    if "generations_path" in params and generations_path is not None:
+        options.setdefault("generations_path", generations_path)
     try:
         return cls(**options)
     except ConfigError as exc:
         raise ConfigError(f"source.{exc.field}", str(exc).split(": ", 1)[-1], file=file) from None
+
+
+_SECRET = re.compile(r"pass|secret|token|key|credential|sasl|ssl", re.IGNORECASE)
+
+
+def redacted(value: Any, key: str = "") -> Any:
+    """A copy safe for logs and status tables: values under secret-looking keys are masked."""
+    if isinstance(value, Mapping):
+        return {k: redacted(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(v, key) for v in value]
+    if _SECRET.search(key) and isinstance(value, str) and value:
+        return "***"
+    return value
 
 
 def _check_source_options(kind: str, source: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> None:

@@ -19,13 +19,16 @@ from pathlib import Path
 from typing import TextIO
 
 from persist.lake import Lake
-from reclock.config import PipelineConfig, build_source, parse_config
+from persist.status_tables import StatusTables
+from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import DataPlane, LocalDataPlane, SparkDataPlane
 from reclock.errors import ConfigError
-from reclock.pipeline import BatchReport, Pipeline, wall_clock_ms
+from reclock.health import Health
+from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
 from reclock.status import Status, write_status
+from reclock.time import encode_partition
 
-__all__ = ["create", "load", "request_stop", "run"]
+__all__ = ["create", "drop_file", "load", "request_stop", "run"]
 
 
 def create(config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms) -> Path:
@@ -67,10 +70,36 @@ def request_stop(lake: Lake, name: str) -> None:
     (control / "stop").touch()
 
 
+def drop_file(lake: Lake, name: str, path: str) -> int:
+    """Forget a Loaded or Skipped file so the next batch ingests it again, as new data.
+
+    The file becomes a new partition ``(path, generation + 1)``: its earlier rows stay where they
+    are (they were correct when loaded), and the new generation starts at offset 0.
+    """
+    load(lake, name)
+    generations_path = generations_file(lake, name)
+    generations = json.loads(generations_path.read_text()) if generations_path.exists() else {}
+    generations[path] = generations.get(path, 0) + 1
+    generations_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = generations_path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(generations, indent=1, sort_keys=True))
+    os.replace(tmp, generations_path)
+    return generations[path]
+
+
+def generations_file(lake: Lake, name: str) -> Path:
+    return lake.control_dir(name) / "generations.json"
+
+
 def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: float | None = None) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
     config, created_at = load(lake, name)
-    source = build_source(config, created_at_ms=created_at, file=str(lake.definition_path(name)))
+    source = build_source(
+        config,
+        created_at_ms=created_at,
+        file=str(lake.definition_path(name)),
+        generations_path=str(generations_file(lake, name)),
+    )
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
     stop_file.unlink(missing_ok=True)
@@ -79,20 +108,31 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     watcher.start()
     pipeline = Pipeline(name, lake, source, data_plane=_data_plane(config), settings=config.settings)
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
+    tables = StatusTables(lake, retention_days=config.status_retention_days)
+    config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
+    _record_state(tables, pipeline, config_json)
     started = time.monotonic()
+    first_offsets: dict[str, int] = {}
 
     def on_batch(report: BatchReport) -> None:
-        status.batches += 0 if report.idle else 1
+        if report.state is BatchState.SUCCEEDED:
+            status.batches += 1
         for output, rows in report.rows.items():
             status.rows[output] = status.rows.get(output, 0) + rows
+        _record_batch(tables, pipeline, report, first_offsets)
         _publish(lake, pipeline, status)
         if progress is not None:
             _progress_line(progress, pipeline, status, time.monotonic() - started)
 
     try:
         pipeline.run(stop, on_batch=on_batch)
+    except Exception:
+        if pipeline.health is not Health.FAILED:
+            raise
     finally:
         stop.set()
+        _record_state(tables, pipeline, config_json)
+        tables.close()
         _publish(lake, pipeline, status)
         if progress is not None:
             progress.write("\n")
@@ -100,6 +140,111 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     return pipeline
+
+
+def _record_state(tables: StatusTables, pipeline: Pipeline, config_json: str) -> None:
+    state = {Health.FAILED: "Error", Health.STOPPED: "Stopped"}.get(pipeline.health, "Running")
+    tables.append(
+        "pipelines",
+        [
+            {
+                "pipeline": pipeline.name,
+                "state": state,
+                "health": pipeline.health.value,
+                "finished": pipeline.finished,
+                "config": config_json,
+                "last_error": pipeline.last_error,
+            }
+        ],
+    )
+
+
+def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, first: dict[str, int]) -> None:
+    """Rows for ``batches`` (one per split), ``errors`` (failed splits), ``files`` and ``offsets``.
+
+    ``first`` remembers, per partition, the first offset this job loaded: the ``earliest`` column.
+    """
+    if report.idle:
+        return
+    rows = []
+    for r in report.results:
+        rows.append(
+            {
+                "pipeline": pipeline.name,
+                "batch_id": report.binding_ts,
+                "state": report.state.value if not r.error else BatchState.FAILED.value,
+                "partition": r.partition,
+                "rows": r.rows,
+                "bytes": r.bytes_read,
+                "earliest_offset": r.earliest,
+                "latest_offset": r.latest,
+                "start_ms": r.started_ms,
+                "duration_ms": r.duration_ms,
+                "error": r.error,
+            }
+        )
+    if not report.results:
+        rows.append(
+            {
+                "pipeline": pipeline.name,
+                "batch_id": report.binding_ts,
+                "state": BatchState.NO_DATA.value,
+                "rows": 0,
+                "bytes": 0,
+                "start_ms": report.started_ms,
+                "duration_ms": report.duration_ms,
+            }
+        )
+    tables.append("batches", rows)
+    failed = [r for r in report.results if r.error]
+    tables.append(
+        "errors",
+        [
+            {
+                "pipeline": pipeline.name,
+                "kind": f"batch {r.error_kind}",
+                "code": (r.error or "").split(":", 1)[0],
+                "message": r.error,
+                "batch_id": report.binding_ts,
+                "partition": r.partition,
+                "offset": r.split.start,
+            }
+            for r in failed
+        ],
+    )
+    files = []
+    if report.state is BatchState.SUCCEEDED:
+        files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in report.results]
+        files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
+        resume = pipeline.resume_frontier()
+        tables.append(
+            "offsets",
+            [
+                {
+                    "pipeline": pipeline.name,
+                    "partition": encode_partition(p),
+                    "earliest": None,
+                    "latest": report.upper.offset(p),
+                    "latest_loaded": resume.offset(p),
+                }
+                for p, _ in report.upper.items()
+            ],
+        )
+    tables.append("files", [row for row in files if row is not None])
+
+
+def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, report: BatchReport) -> dict | None:
+    if not getattr(pipeline.source, "is_file_source", False) or not isinstance(partition, tuple):
+        return None
+    path, generation = partition
+    return {
+        "pipeline": pipeline.name,
+        "path": path,
+        "generation": generation,
+        "size": size,
+        "state": state,
+        "batch_id": report.binding_ts,
+    }
 
 
 def _data_plane(config: PipelineConfig) -> DataPlane:

@@ -12,6 +12,7 @@ from pathlib import Path
 from deltalake import DeltaTable
 
 from persist.lake import Lake
+from persist.read import read_table
 from persist.remap import RemapTable
 from reclock.time import decode_partition
 from sources.generator import AUCTIONS, BIDS, PERSONS
@@ -22,8 +23,8 @@ def output_rows(lake: Path, pipeline: str) -> dict[str, list[tuple[str, int, int
     lake = Lake.at(lake)
     out = {}
     for output in lake.outputs(pipeline):
-        table = DeltaTable(str(lake.output_path(pipeline, output))).to_pyarrow_table(
-            columns=["_partition", "_offset", "_into_ts"]
+        table = read_table(
+            DeltaTable(str(lake.output_path(pipeline, output))), columns=["_partition", "_offset", "_into_ts"]
         )
         out[output] = sorted(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
     return out

@@ -9,6 +9,7 @@ from deltalake import DeltaTable
 
 from persist.asof import read_as_of, read_as_of_spark, readable_upper
 from persist.lake import Lake
+from persist.read import read_table
 from reclock.dataplane import LocalDataPlane, SparkDataPlane
 from reclock.pipeline import Pipeline, Settings
 from reclock.testing import FakeClock
@@ -34,7 +35,7 @@ def full_rows(lake: Path) -> dict[str, list[dict]]:
     lake = Lake.at(lake)
     return {
         output: sorted(
-            DeltaTable(str(lake.output_path("gen", output))).to_pyarrow_table().to_pylist(),
+            read_table(DeltaTable(str(lake.output_path("gen", output)))).to_pylist(),
             key=lambda r: (r["_partition"], r["_offset"]),
         )
         for output in lake.outputs("gen")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from persist.asof import read_as_of, readable_upper
 from persist.lake import Lake
+from persist.read import read_table
 from reclock import Frontier
 from reclock.errors import DefiniteSourceError
 from reclock.pipeline import Pipeline, Settings
@@ -38,7 +39,7 @@ def tables(lake, name: str = "pipe") -> dict[str, list[dict]]:
     lake = Lake.at(lake)
     out = {}
     for output in lake.outputs(name):
-        table = DeltaTable(str(lake.output_path(name, output))).to_pyarrow_table()
+        table = read_table(DeltaTable(str(lake.output_path(name, output))))
         out[output] = sorted(table.to_pylist(), key=lambda r: (r["_partition"], r["_offset"]))
     return out
 

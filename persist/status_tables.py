@@ -1,0 +1,151 @@
+"""Status tables, after SingleStore's ``information_schema.PIPELINES*``: Delta tables a user can query.
+
+``<lake>/_status/<table>`` for ``pipelines`` (state changes), ``batches`` (one row per batch
+partition), ``files`` (file state changes), ``errors`` (operational failures: failed batch
+attempts, stalls) and ``offsets`` (per source partition). Record-level errors and skipped ranges
+are not here: they are rows of each pipeline's ``_errors`` output, committed exactly once with the
+batch (``reclock errors`` shows both).
+
+These tables are observability, not part of exactly-once, so rows are buffered and flushed by a
+background thread about once a second: one small commit per table per flush whatever the batch
+rate, and never on the batch's critical path. Rows older than the retention are deleted now and
+then, so the tables stay bounded on a job that runs for months.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from persist.lake import Lake
+from persist.read import read_table
+
+__all__ = ["STATUS_SCHEMAS", "StatusTables", "read_status_table"]
+
+log = logging.getLogger("reclock.status")
+
+_S, _I, _B = pa.string(), pa.int64(), pa.bool_()
+
+STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
+    "pipelines": pa.schema(
+        [
+            ("pipeline", _S),
+            ("state", _S),
+            ("health", _S),
+            ("finished", _B),
+            ("config", _S),
+            ("last_error", _S),
+            ("time_ms", _I),
+        ]
+    ),
+    "batches": pa.schema(
+        [
+            ("pipeline", _S),
+            ("batch_id", _I),
+            ("state", _S),
+            ("partition", _S),
+            ("rows", _I),
+            ("bytes", _I),
+            ("earliest_offset", _I),
+            ("latest_offset", _I),
+            ("start_ms", _I),
+            ("duration_ms", _I),
+            ("error", _S),
+            ("time_ms", _I),
+        ]
+    ),
+    "files": pa.schema(
+        [
+            ("pipeline", _S),
+            ("path", _S),
+            ("generation", _I),
+            ("size", _I),
+            ("state", _S),
+            ("batch_id", _I),
+            ("time_ms", _I),
+        ]
+    ),
+    "errors": pa.schema(
+        [
+            ("pipeline", _S),
+            ("kind", _S),
+            ("code", _S),
+            ("message", _S),
+            ("batch_id", _I),
+            ("partition", _S),
+            ("offset", _I),
+            ("time_ms", _I),
+        ]
+    ),
+    "offsets": pa.schema(
+        [("pipeline", _S), ("partition", _S), ("earliest", _I), ("latest", _I), ("latest_loaded", _I), ("time_ms", _I)]
+    ),
+}
+
+
+class StatusTables:
+    """Buffered appender for the status tables of one lake; ``close`` flushes what is left."""
+
+    def __init__(self, lake: Lake, *, retention_days: float = 7.0, flush_interval: float = 1.0) -> None:
+        self.lake = lake
+        self.retention_ms = int(retention_days * 86_400_000)
+        self._buffer: dict[str, list[dict[str, Any]]] = {name: [] for name in STATUS_SCHEMAS}
+        self._lock = threading.Lock()
+        self._flushes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(flush_interval,), daemon=True, name="status")
+        self._thread.start()
+
+    def append(self, table: str, rows: list[dict[str, Any]]) -> None:
+        now = int(time.time() * 1000)
+        with self._lock:
+            self._buffer[table].extend({"time_ms": now, **row} for row in rows)
+
+    def flush(self) -> None:
+        with self._lock:
+            pending = {name: rows for name, rows in self._buffer.items() if rows}
+            self._buffer = {name: [] for name in STATUS_SCHEMAS}
+        for name, rows in pending.items():
+            path = self.lake.root / "_status" / name
+            data = pa.Table.from_pylist(rows, schema=STATUS_SCHEMAS[name])
+            try:
+                write_deltalake(str(path), data, mode="append")
+            except Exception as exc:  # observability must never take the pipeline down
+                log.warning("could not write status table %s: %s", name, exc)
+        self._flushes += 1
+        if self._flushes % 500 == 1:
+            self._expire()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+
+    def _loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.flush()
+
+    def _expire(self) -> None:
+        cutoff = int(time.time() * 1000) - self.retention_ms
+        for name in STATUS_SCHEMAS:
+            path = self.lake.root / "_status" / name
+            if (path / "_delta_log").is_dir():
+                try:
+                    DeltaTable(str(path)).delete(f"time_ms < {cutoff}")
+                except Exception as exc:
+                    log.info("status retention on %s deferred: %s", name, exc)
+
+
+def read_status_table(lake: Lake, table: str, pipeline: str | None = None) -> pa.Table:
+    """A status table's rows, oldest first, optionally of one pipeline (empty if never written)."""
+    path = lake.root / "_status" / table
+    if not (path / "_delta_log").is_dir():
+        return STATUS_SCHEMAS[table].empty_table()
+    filters = [("pipeline", "=", pipeline)] if pipeline else None
+    return read_table(DeltaTable(str(path)), filters=filters).sort_by("time_ms")
