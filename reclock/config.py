@@ -59,6 +59,7 @@ class PipelineConfig:
     spark_master: str = "local[2]"
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     status_retention_days: float = 7.0
+    metrics_port: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say."""
@@ -68,6 +69,8 @@ class PipelineConfig:
             "engine": self.engine,
             "status_retention_days": self.status_retention_days,
         }
+        if self.metrics_port is not None:
+            pipeline["metrics_port"] = self.metrics_port
         pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
         return {
             "pipeline": pipeline,
@@ -99,7 +102,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     source = dict(_section(raw, "source", fail, required=True))
     _only(
         pipeline,
-        {"name", "lake", "engine", "status_retention_days", *(f.name for f in fields(Settings))},
+        {"name", "lake", "engine", "status_retention_days", "metrics_port", *(f.name for f in fields(Settings))},
         "pipeline.",
         fail,
     )
@@ -113,6 +116,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     retention = _typed(pipeline, "status_retention_days", float, "pipeline.", fail, default=7.0)
     if retention <= 0:
         raise fail("pipeline.status_retention_days", "must be > 0")
+    metrics_port = _typed(pipeline, "metrics_port", int, "pipeline.", fail)
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        raise fail("pipeline.metrics_port", "must be a port number (0 picks a free one)")
     if engine not in _ENGINES:
         raise fail("pipeline.engine", f"must be one of {', '.join(_ENGINES)}, got {engine!r}")
     knobs = {}
@@ -133,7 +139,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         raise fail("source.kind", f"must be one of {', '.join(sorted(_SOURCES))}, got {kind!r}")
     _check_source_options(kind, source, fail)
     config = PipelineConfig(
-        name, lake, source, settings, engine, master, {str(k): str(v) for k, v in conf.items()}, retention
+        name, lake, source, settings, engine, master, {str(k): str(v) for k, v in conf.items()}, retention, metrics_port
     )
     from persist.lake import NAME_PATTERN
 

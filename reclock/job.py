@@ -24,6 +24,7 @@ from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import DataPlane, LocalDataPlane, SparkDataPlane
 from reclock.errors import ConfigError
 from reclock.health import Health
+from reclock.metrics import Metrics
 from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
 from reclock.status import Status, write_status
 from reclock.time import encode_partition
@@ -113,6 +114,9 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     _record_state(tables, pipeline, config_json)
     started = time.monotonic()
     first_offsets: dict[str, int] = {}
+    metrics = Metrics(pipeline)
+    if config.metrics_port is not None:
+        status.metrics_port = metrics.serve(config.metrics_port)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -120,6 +124,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         for output, rows in report.rows.items():
             status.rows[output] = status.rows.get(output, 0) + rows
         _record_batch(tables, pipeline, report, first_offsets)
+        metrics.observe(report)
         _publish(lake, pipeline, status)
         if progress is not None:
             _progress_line(progress, pipeline, status, time.monotonic() - started)
@@ -133,6 +138,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         stop.set()
         _record_state(tables, pipeline, config_json)
         tables.close()
+        metrics.close()
         _publish(lake, pipeline, status)
         if progress is not None:
             progress.write("\n")
@@ -216,6 +222,9 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
     if report.state is BatchState.SUCCEEDED:
         files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in report.results]
         files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
+        for r in report.results:
+            if r.earliest is not None:
+                first[r.partition] = min(first.get(r.partition, r.earliest), r.earliest)
         resume = pipeline.resume_frontier()
         tables.append(
             "offsets",
@@ -223,11 +232,11 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
                 {
                     "pipeline": pipeline.name,
                     "partition": encode_partition(p),
-                    "earliest": None,
-                    "latest": report.upper.offset(p),
-                    "latest_loaded": resume.offset(p),
+                    "earliest": first.get(encode_partition(p)),
+                    "latest": o,
+                    "latest_loaded": o if resume.is_closed else resume.offset(p),
                 }
-                for p, _ in report.upper.items()
+                for p, o in report.upper.items()
             ],
         )
     tables.append("files", [row for row in files if row is not None])

@@ -28,6 +28,7 @@ class Status:
     resume_frontier: str = "{}"
     bindings: int = 0
     pid: int | None = None
+    metrics_port: int | None = None
     updated_ms: int = 0
 
 

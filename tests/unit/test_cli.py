@@ -129,3 +129,19 @@ def test_sigterm_stops_a_job_cleanly(tmp_path):
     job.terminate()
     assert job.wait(timeout=60) == 0
     assert json.loads(status_path.read_text())["health"] == "stopped"
+
+
+def test_a_stored_definition_parses_back_to_the_same_config(tmp_path):
+    config = load_config(
+        write(
+            tmp_path,
+            GOOD.replace(
+                "max_batch = 5000",
+                "max_batch = 5000\nmetrics_port = 9464\nstop_on_error = false\nstatus_retention_days = 2.5",
+            ),
+        )
+    )
+    from reclock.config import parse_config
+
+    assert parse_config(config.to_dict()) == config
+    assert config.metrics_port == 9464 and not config.settings.stop_on_error
