@@ -123,6 +123,7 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
 
 
 def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict) -> None:
+    partition = encode_partition(split.partition)
     pending: dict[str, list[pa.Table]] = {}
     counts: dict[str, int] = {}
     for output, batch in plan.source.read(split):
@@ -135,7 +136,7 @@ def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict
         schema = plan.schemas.get(output)
         if schema is None:
             raise ValueError(f"source yielded rows for unknown output {output!r} from split {split!r}")
-        into = plan.stamper.into_times(batch.column("_partition"), batch.column("_offset"))
+        into = plan.stamper.into_times(batch.column("_partition"), batch.column("_offset"), partition=partition)
         if len(into) and (into == UNBOUND).any():
             raise AssertionError(f"split {split!r} yielded a record no binding covers: reads must stay in their split")
         keep = into >= plan.uppers[output]

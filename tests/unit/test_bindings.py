@@ -144,3 +144,12 @@ def test_stamping_a_million_rows_is_vectorised():
     offs = np.arange(1_000_000, dtype=np.int64)
     stamped = b.stamper().into_times(pa.array(["p"] * len(offs)), pa.array(offs))
     assert stamped[0] == 10 and stamped[999] == 10 and stamped[1000] == 20 and stamped[-1] == 10_000
+
+
+@given(binding_lists(), st.lists(st.tuples(partitions, offsets), max_size=30), partitions)
+def test_stamping_with_an_expected_partition_equals_the_general_path(bindings, rows, expected):
+    b = build(bindings)
+    parts = pa.array([encode_partition(p) for p, _ in rows], pa.string())
+    offs = pa.array([o for _, o in rows], pa.int64())
+    general = b.stamper().into_times(parts, offs)
+    assert b.stamper().into_times(parts, offs, partition=encode_partition(expected)).tolist() == general.tolist()
