@@ -18,12 +18,16 @@ from deltalake import DeltaTable
 
 from persist.lake import Lake, sink_id
 from persist.read import read_table
+from persist.remap import RemapTable
 from reclock.time import IntoTime
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["output_upper", "read_as_of", "read_as_of_spark", "readable_upper"]
+__all__ = ["CLOSED_UPPER", "output_upper", "read_as_of", "read_as_of_spark", "readable_upper"]
+
+#: The readable upper of finished pipelines only: every cut is consistent, whatever its time.
+CLOSED_UPPER: IntoTime = 2**63 - 1
 
 
 def output_upper(path: Path, app_id: str) -> IntoTime:
@@ -32,15 +36,24 @@ def output_upper(path: Path, app_id: str) -> IntoTime:
 
 
 def readable_upper(lake: str | Path | Lake, pipelines: str | list[str]) -> IntoTime:
-    """First into time for which no consistent cut across all outputs of ``pipelines`` exists yet."""
+    """First into time for which no consistent cut across all outputs of ``pipelines`` exists yet.
+
+    A *finished* pipeline (its source closed and every output holding the closing binding) never
+    changes again, so like Materialize's empty frontier it holds nobody back: it contributes
+    nothing, and if every pipeline is finished the result is :data:`CLOSED_UPPER`.
+    """
     lake = lake if isinstance(lake, Lake) else Lake.at(lake)
     names = [pipelines] if isinstance(pipelines, str) else pipelines
-    uppers = [
-        output_upper(lake.output_path(name, output), sink_id(name, output))
-        for name in names
-        for output in lake.outputs(name)
-    ]
-    return min(uppers, default=0)
+    upper = CLOSED_UPPER
+    for name in names:
+        uppers = [output_upper(lake.output_path(name, o), sink_id(name, o)) for o in lake.outputs(name)]
+        if not uppers:
+            return 0
+        bindings = RemapTable(lake.remap_path(name)).bindings
+        if bindings.is_closed and min(uppers) >= bindings.upper:
+            continue
+        upper = min(upper, *uppers)
+    return upper
 
 
 def read_as_of(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[str, pa.Table]:
@@ -85,11 +98,20 @@ def _plan(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> tuple[Lake
 
 
 def _first_version_reaching(path: Path, app_id: str, as_of: IntoTime) -> int:
-    """Least table version whose label is ``>= as_of``: labels only grow with versions."""
+    """Least table version whose label is ``>= as_of``: labels only grow with versions.
+
+    Versions whose log was cleaned up (Delta keeps 30 days by default) cannot be loaded; they
+    all lie below the oldest one left, so the search treats them as too early. A cut older than
+    the retained log then reads from the oldest version left, filtered by ``_into_ts``.
+    """
     lo, hi = 0, DeltaTable(str(path)).version()
     while lo < hi:
         mid = (lo + hi) // 2
-        label = DeltaTable(str(path), version=mid).transaction_version(app_id)
+        try:
+            label = DeltaTable(str(path), version=mid).transaction_version(app_id)
+        except Exception:  # the log of ``mid`` is gone: so is everything before it
+            lo = mid + 1
+            continue
         if label is not None and label >= as_of:
             hi = mid
         else:

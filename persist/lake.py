@@ -6,7 +6,7 @@ side by side, so a lake can be copied or deleted as a unit::
     <lake>/<pipeline>/definition.json   the validated definition (written by ``create``)
     <lake>/<pipeline>/remap/            Delta: the bindings
     <lake>/<pipeline>/outputs/<name>/   Delta: one table per output, ``_errors`` included
-    <lake>/<pipeline>/control/          stop requests and the running job's pid
+    <lake>/<pipeline>/control/          stop requests, the job lock, dropped files' generations
     <lake>/<pipeline>/status.json       the latest status snapshot
 """
 

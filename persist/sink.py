@@ -32,6 +32,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
+from reclock.errors import FencedError
 from reclock.time import IntoTime
 
 __all__ = ["INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
@@ -95,17 +96,29 @@ class OutputSink:
         self._upper = _label_upper(DeltaTable(str(self.path)), self.app_id)
         return self._upper
 
-    def commit(self, files: list[DataFile], binding_ts: IntoTime) -> bool:
+    def commit(self, files: list[DataFile], binding_ts: IntoTime, *, planned_upper: IntoTime | None = None) -> bool:
         """Add ``files`` in one commit labelled ``binding_ts``; ``False`` if that label is already in.
 
-        Called once per batch after every task finished; the files must hold exactly the rows with
-        ``upper <= _into_ts <= binding_ts``.
+        Called once per batch after every task finished; the files hold exactly the rows with
+        ``planned_upper <= _into_ts <= binding_ts``, where ``planned_upper`` is the upper the tasks
+        filtered with (default: this sink's). If the table moved to any other label meanwhile (a
+        second driver of the same pipeline), committing would duplicate or lose rows: the files
+        are discarded and :class:`~reclock.errors.FencedError` tells the caller to re-plan.
         """
+        planned = self._upper if planned_upper is None else planned_upper
         table = DeltaTable(str(self.path))
-        if _label_upper(table, self.app_id) > binding_ts:
-            self._upper = _label_upper(table, self.app_id)
+        current = _label_upper(table, self.app_id)
+        if current > binding_ts:
+            self._upper = current
             self._discard(files)
             return False
+        if current != planned:
+            self._upper = current
+            self._discard(files)
+            raise FencedError(
+                f"output table {self.path} moved to upper {current} while a batch planned from {planned} ran: "
+                "another driver is writing this pipeline"
+            )
         now_ms = int(time.time() * 1000)
         actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
         try:
@@ -118,11 +131,11 @@ class OutputSink:
                     custom_metadata={"reclock.into_ts": str(binding_ts)},
                 ),
             )
-        except CommitFailedError:
+        except CommitFailedError as exc:
+            self._discard(files)
             if self.refresh() > binding_ts:
-                self._discard(files)
                 return False
-            raise
+            raise FencedError(f"output table {self.path}: concurrent commit: {exc}") from exc
         self._upper = binding_ts + 1
         return True
 

@@ -19,9 +19,11 @@ import contextlib
 import importlib.util
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -172,7 +174,7 @@ class EmbeddedBroker:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
             fh.seek(max(0, size - max_bytes))
-            return fh.read().decode("utf-8", "replace")
+            return _ANSI.sub("", fh.read().decode("utf-8", "replace"))
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
@@ -206,9 +208,15 @@ class EmbeddedBroker:
         ]
         env = {k: v for k, v in os.environ.items() if k not in _TANSU_ENV}
         env.setdefault("RUST_LOG", "warn")
+        env.setdefault("NO_COLOR", "1")
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the process
         self._proc = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT, env=env
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
         self._port = port
 
@@ -229,7 +237,10 @@ class EmbeddedBroker:
                 continue
             admin = None
             try:
-                admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, request_timeout_ms=3000)
+                budget_ms = max(100, min(1000, int((deadline - time.monotonic()) * 1000)))
+                admin = KafkaAdminClient(
+                    bootstrap_servers=self.bootstrap, request_timeout_ms=budget_ms, bootstrap_timeout_ms=budget_ms
+                )
                 admin.list_topics()
                 return
             except Exception as exc:  # any failure just means "not yet"
@@ -272,6 +283,18 @@ class EmbeddedBroker:
             self._log_file.close()
             self._log_file = None
 
+
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGKILL it when the thread that started it dies, so a
+    test run killed without cleanup leaves no broker behind."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 #: Environment variables Tansu reads for its options; the command line must win over the caller's.
 _TANSU_ENV = frozenset({"CLUSTER_ID", "LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "SCHEMA_REGISTRY"})

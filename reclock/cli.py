@@ -13,11 +13,12 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from persist.asof import read_as_of, readable_upper
+from persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 from persist.lake import Lake, sink_id
 from persist.read import read_table
 from persist.status_tables import read_status_table
@@ -33,6 +34,8 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.lake is None and args.func is not _create:
+        args.lake = "lake"
     try:
         return args.func(args)
     except ConfigError as exc:
@@ -46,7 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="reclock", description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--lake", default=os.environ.get("RECLOCK_LAKE", "lake"), help="lake folder (default: $RECLOCK_LAKE or ./lake)"
+        "--lake",
+        default=os.environ.get("RECLOCK_LAKE"),
+        help="lake folder (default: $RECLOCK_LAKE, else ./lake; for create: the config's lake)",
     )
     commands = parser.add_subparsers(required=True, metavar="command")
 
@@ -96,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _create(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    if args.lake is not None:  # an explicit --lake or $RECLOCK_LAKE wins over the file's
+        config = replace(config, lake=str(Lake.at(args.lake).root))
     path = job.create(config, replace=args.replace)
     print(f"created pipeline {config.name!r} in {path.parent.parent}")
     return 0
@@ -111,7 +118,16 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _drop_file(args: argparse.Namespace) -> int:
-    generation = job.drop_file(Lake.at(args.lake), args.name, args.path)
+    lake = Lake.at(args.lake)
+    config, _ = job.load(lake, args.name)
+    if config.source["kind"] != "files":
+        raise ConfigError(
+            "source.kind", f"drop-file applies to files pipelines; {args.name!r} reads {config.source['kind']}"
+        )
+    known = set(read_status_table(lake, "files", args.name).column("path").to_pylist())
+    if args.path not in known:
+        raise ConfigError("path", f"pipeline {args.name!r} has not loaded or skipped {args.path!r} (see reclock files)")
+    generation = job.drop_file(lake, args.name, args.path)
     print(
         f"dropped {args.path!r} from pipeline {args.name!r}: the next batch ingests it again (generation {generation})"
     )
@@ -280,8 +296,7 @@ def _demo(args: argparse.Namespace) -> int:
     pipeline = job.run(lake, "demo", progress=sys.stderr)
     if pipeline.health is Health.FAILED:
         return 1
-    upper = readable_upper(lake, "demo")
-    as_of = upper - 1
+    as_of = min(readable_upper(lake, "demo"), pipeline.remap.bindings.upper) - 1  # the closing binding
     cut = read_as_of(lake, "demo", as_of)
     print(f"\nconsistent as-of read of every output at into time {as_of} ({_when(as_of)}):")
     print(
@@ -302,6 +317,8 @@ def _agg(table: pa.Table, fn) -> int | None:
 def _when(ms: int | None) -> str:
     if not ms:
         return "-"
+    if ms >= CLOSED_UPPER:
+        return "closed (all times)"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
 
 

@@ -156,7 +156,7 @@ def build_source(
     What only the runtime knows is passed to sources that ask for it by parameter name: the time
     the pipeline was created (``anchor_ms``) and where dropped files' generations are kept.
     """
-    options = {k: _expand(v) for k, v in config.source.items() if k != "kind"}
+    options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k != "kind"}
     cls = _source_class(config.source["kind"])
     params = inspect.signature(cls).parameters
     if "anchor_ms" in params:
@@ -197,13 +197,21 @@ def _source_class(kind: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-def _expand(value: Any) -> Any:
+def _expand(value: Any, key: str, file: str | None) -> Any:
+    """Substitute ``${NAME}`` from the environment; an unset variable is an error, not ``""``."""
     if isinstance(value, str):
-        return _ENV.sub(lambda m: os.environ.get(m.group(1), ""), value)
+
+        def variable(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(key, f"environment variable {name} is not set", file=file)
+            return os.environ[name]
+
+        return _ENV.sub(variable, value)
     if isinstance(value, Mapping):
-        return {k: _expand(v) for k, v in value.items()}
+        return {k: _expand(v, f"{key}.{k}", file) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v) for v in value]
+        return [_expand(v, key, file) for v in value]
     return value
 
 

@@ -9,6 +9,7 @@ status snapshot and, on a terminal, one progress line.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ from persist.lake import Lake
 from persist.status_tables import StatusTables
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import DataPlane, LocalDataPlane, SparkDataPlane
-from reclock.errors import ConfigError
+from reclock.errors import ConfigError, ReclockError
 from reclock.health import Health
 from reclock.metrics import Metrics
 from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
@@ -95,6 +96,7 @@ def generations_file(lake: Lake, name: str) -> Path:
 def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: float | None = None) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
     config, created_at = load(lake, name)
+    lock = _exclusive(lake, name)
     source = build_source(
         config,
         created_at_ms=created_at,
@@ -130,7 +132,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
             _progress_line(progress, pipeline, status, time.monotonic() - started)
 
     try:
-        pipeline.run(stop, on_batch=on_batch)
+        pipeline.run(stop, on_batch=on_batch, on_health=lambda p: _publish(lake, p, status))
     except Exception:
         if pipeline.health is not Health.FAILED:
             raise
@@ -140,6 +142,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         tables.close()
         metrics.close()
         _publish(lake, pipeline, status)
+        lock.close()
         if progress is not None:
             progress.write("\n")
             progress.flush()
@@ -254,6 +257,29 @@ def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, repo
         "state": state,
         "batch_id": report.binding_ts,
     }
+
+
+def _exclusive(lake: Lake, name: str) -> TextIO:
+    """Hold the pipeline's job lock for this process's lifetime (the OS drops it if we die).
+
+    Only one driver may run a pipeline; the sinks fence a second one anyway (on any machine), but
+    refusing it up front on the same machine gives a clear message instead of a stalled job.
+    """
+    control = lake.control_dir(name)
+    control.mkdir(parents=True, exist_ok=True)
+    handle = open(control / "job.lock", "a+")  # noqa: SIM115 - held open on purpose until the job ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ReclockError(f"pipeline {name!r} is already running ({holder}); stop it first") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}")
+    handle.flush()
+    return handle
 
 
 def _data_plane(config: PipelineConfig) -> DataPlane:

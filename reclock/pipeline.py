@@ -37,7 +37,7 @@ from persist.lake import NAME_PATTERN, Lake, sink_id
 from persist.remap import RemapTable, Skip
 from persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
 from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
-from reclock.errors import ConfigError, DefiniteSourceError, ReclockError, TransientError
+from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError
 from reclock.health import Health
 from reclock.time import Frontier, IntoTime, encode_partition
 from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, Split
@@ -189,7 +189,12 @@ class Pipeline:
             self._on_step("minted")
         return self._run_batch()
 
-    def run(self, stop: threading.Event | None = None, on_batch: Callable[[BatchReport], None] | None = None) -> None:
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        on_batch: Callable[[BatchReport], None] | None = None,
+        on_health: Callable[[Pipeline], None] | None = None,
+    ) -> None:
         """Step until finished or ``stop`` is set; the in-flight batch always completes first.
 
         Failures, by kind (see ``docs/operations.md``):
@@ -199,49 +204,69 @@ class Pipeline:
         * a failed batch (bad data, a corrupt file): retried whole ``max_retries`` times, then the
           pipeline fails (``stop_on_error``) or records the failed ranges as skipped, durably,
           and goes on without them;
+        * another driver moved an output (:class:`FencedError`): re-read what is durable, re-plan;
         * definite (:class:`DefiniteSourceError`) or a broken invariant: fails at once.
+
+        Health is updated before observers hear of a batch (``on_batch``, also for failed
+        attempts) or of a failure that has no batch (``on_health``), so they never show a stale one.
         """
         stop = stop or threading.Event()
-        attempts = 0
-        stalls = 0
+        attempts = stalls = 0
+
+        def observe(report: BatchReport | None) -> None:
+            if report is not None and on_batch is not None:
+                on_batch(report)
+            if on_health is not None:
+                on_health(self)
+
         while not stop.is_set() and not self.finished:
             try:
                 report = self.step()
             except BatchFailed as exc:
-                if on_batch is not None:
-                    on_batch(exc.report)
+                data = "data" in exc.kinds
                 if exc.kinds & {"invariant", "definite"} or (
-                    "data" in exc.kinds and attempts >= self.settings.max_retries and self.settings.stop_on_error
+                    data and attempts >= self.settings.max_retries and self.settings.stop_on_error
                 ):
                     self._fail(exc)
+                    observe(exc.report)
                     raise
-                if "data" in exc.kinds:
-                    attempts += 1
-                    if attempts > self.settings.max_retries:
-                        self._skip(exc.report, attempts)
-                        attempts = 0
-                        continue
+                attempts += 1 if data else 0
+                if data and attempts > self.settings.max_retries:
+                    self._mark_stalled(exc)
+                    observe(exc.report)
+                    self._skip(exc.report, attempts)
+                    attempts = 0
+                    continue
                 stalls += 1
-                self._stall(exc, stop, stalls)
+                self._mark_stalled(exc)
+                observe(exc.report)
+                self._backoff(stop, stalls)
                 continue
             except (DefiniteSourceError, AssertionError) as exc:
                 self._fail(exc)
+                observe(None)
                 raise
             except Exception as exc:
                 stalls += 1
-                if not isinstance(exc, TransientError) and stalls > self.settings.max_retries:
+                if isinstance(exc, FencedError):
+                    log.warning("pipeline %s: %s; re-reading the remap table and outputs", self.name, exc)
+                    self._resync()
+                elif not isinstance(exc, TransientError) and stalls > self.settings.max_retries:
                     self._fail(exc)
+                    observe(None)
                     raise
-                self._stall(exc, stop, stalls)
+                self._mark_stalled(exc)
+                observe(None)
+                self._backoff(stop, stalls)
                 continue
             attempts = stalls = 0
             self.health = Health.RUNNING
             self.last_error = None
-            if on_batch is not None:
-                on_batch(report)
+            observe(report)
             if report.idle and not self.finished:
                 stop.wait(self.settings.batch_interval)
         self.health = Health.STOPPED
+        observe(None)
 
     # -- steps ---------------------------------------------------------------------------------
 
@@ -323,7 +348,7 @@ class Pipeline:
             by_output[f.output].append(f)
         for name, sink in self.sinks.items():
             if sink.upper <= hi:
-                sink.commit(by_output[name], hi)
+                sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())
@@ -379,10 +404,17 @@ class Pipeline:
             attempts,
         )
 
-    def _stall(self, exc: BaseException, stop: threading.Event, stalls: int) -> None:
+    def _resync(self) -> None:
+        self.remap.sync()
+        for sink in self.sinks.values():
+            sink.refresh()
+
+    def _mark_stalled(self, exc: BaseException) -> None:
         self.health = Health.STALLED
         self.last_error = f"{type(exc).__name__}: {exc}"
-        log.warning("pipeline %s: stalled (attempt %d), retrying: %s", self.name, stalls, self.last_error)
+        log.warning("pipeline %s: stalled, will retry: %s", self.name, self.last_error)
+
+    def _backoff(self, stop: threading.Event, stalls: int) -> None:
         stop.wait(min(self.settings.max_backoff, self.settings.retry_backoff * 2 ** (stalls - 1)))
 
     def _fail(self, exc: BaseException) -> None:

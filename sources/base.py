@@ -15,8 +15,8 @@ Shaped like PySpark 4's Python streaming data source (``latestOffset``, ``partit
   commits it to its consumer group); resumption never reads it back.
 
 A record that cannot be decoded is not an exception: the reader yields it to :data:`ERRORS` with
-its coordinates so that it is never silently lost, or raises :class:`RecordError` when the
-pipeline's ``on_record_error`` is ``fail`` (the source gets that policy in its settings).
+its coordinates so that it is never silently lost, or raises :class:`RecordError` when its own
+``on_record_error`` option says ``fail`` (sources that decode take that option).
 """
 
 from __future__ import annotations

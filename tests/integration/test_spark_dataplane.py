@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from persist.asof import read_as_of, read_as_of_spark, readable_upper
+from persist.asof import CLOSED_UPPER, read_as_of, read_as_of_spark, readable_upper
 from persist.lake import Lake
 from persist.read import read_table
 from reclock.dataplane import LocalDataPlane, SparkDataPlane
@@ -52,8 +52,8 @@ def test_spark_and_in_driver_planes_land_identical_rows(spark, tmp_path):
 def test_spark_as_of_read_matches_the_arrow_as_of_read(spark, tmp_path):
     pipeline = drive(tmp_path, SparkDataPlane(spark))
     times = [t for t, _ in pipeline.remap.bindings]
-    assert readable_upper(tmp_path, "gen") == times[-1] + 1
-    for as_of in (times[0], times[len(times) // 2] - 1, times[-1]):
+    assert readable_upper(tmp_path, "gen") == CLOSED_UPPER  # finished: it holds no reader back
+    for as_of in (times[0], times[len(times) // 2] - 1, times[-1], times[-1] + 10**6):
         arrow = {name: t.num_rows for name, t in read_as_of(tmp_path, "gen", as_of).items()}
         frames = {name: df.count() for name, df in read_as_of_spark(spark, tmp_path, "gen", as_of).items()}
         assert frames == arrow

@@ -122,3 +122,30 @@ def test_a_later_batch_continues_after_a_skip(tmp_path):
     source.finish()
     pipeline.run()
     assert sorted(r["user"] for r in tables(tmp_path, "p")["clicks"]) == [0, 1, 2, 7]
+
+
+class FlakyProbeSource(MemorySource):
+    """The probe fails ``outages`` times, as a Kafka source's does while the broker is away."""
+
+    def __init__(self, outages: int) -> None:
+        super().__init__(SCHEMAS)
+        self.outages = outages
+
+    def upper(self):
+        if self.outages:
+            self.outages -= 1
+            raise TransientError("metadata request timed out")
+        return super().upper()
+
+
+def test_a_probe_outage_is_reported_as_stalled_with_the_error_then_running(tmp_path):
+    source = FlakyProbeSource(outages=3)
+    fill(source)
+    source.finish()
+    seen = []
+    knobs = Settings(max_retries=0, retry_backoff=0)
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs)
+    pipeline.run(on_health=lambda p: seen.append((p.health, p.last_error)))
+    assert seen[:3] == [(Health.STALLED, "TransientError: metadata request timed out")] * 3
+    assert (Health.RUNNING, None) in seen and seen[-1] == (Health.STOPPED, None)
+    assert pipeline.finished and len(tables(tmp_path, "p")["clicks"]) == 5

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from persist.asof import CLOSED_UPPER
 from reclock.cli import main
 from reclock.config import load_config
 from reclock.errors import ConfigError
@@ -88,7 +89,8 @@ def test_start_runs_a_bounded_pipeline_to_the_end_and_status_shows_it(tmp_path, 
     [status] = json.loads(capsys.readouterr().out)
     assert status["finished"] and status["health"] == "stopped"
     assert sum(rows for name, (rows, _) in status["outputs"].items()) == 20_000
-    assert {upper for _, upper in status["outputs"].values()} == {status["readable_upper"]}
+    assert len({upper for _, upper in status["outputs"].values()}) == 1  # every output holds the closing binding
+    assert status["readable_upper"] == CLOSED_UPPER  # a finished pipeline holds no reader back
 
 
 def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
@@ -145,3 +147,22 @@ def test_a_stored_definition_parses_back_to_the_same_config(tmp_path):
 
     assert parse_config(config.to_dict()) == config
     assert config.metrics_port == 9464 and not config.settings.stop_on_error
+
+
+def test_create_honours_an_explicit_lake(tmp_path):
+    other = tmp_path / "elsewhere"
+    assert main(["--lake", str(other), "create", str(write(tmp_path, GOOD))]) == 0
+    assert (other / "orders" / "definition.json").exists() and not (tmp_path / "lake").exists()
+
+
+def test_an_unset_environment_variable_is_a_config_error_naming_the_field(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RECLOCK_TEST_SEED", raising=False)
+    path = write(tmp_path, GOOD.replace("limit = 20000", 'limit = 20000\nseed = "${RECLOCK_TEST_SEED}"'))
+    assert main(["create", str(path)]) == 2
+    assert "source.seed: environment variable RECLOCK_TEST_SEED is not set" in capsys.readouterr().err
+
+
+def test_drop_file_refuses_a_pipeline_that_reads_no_files(tmp_path, capsys):
+    assert main(["create", str(write(tmp_path, GOOD))]) == 0
+    assert main(["--lake", str(tmp_path / "lake"), "drop-file", "orders", "a.csv"]) == 2
+    assert "drop-file applies to files pipelines" in capsys.readouterr().err

@@ -218,3 +218,58 @@ def test_an_output_added_later_is_backfilled_without_duplicating_the_others(tmp_
     assert got["views"] == []  # its partition was never bound yet: it waits for the next binding
     pipeline.step()
     assert [r["page"] for r in tables(tmp_path)["views"]] == ["old"]
+
+
+def test_a_second_driver_with_a_stale_plan_is_fenced_and_duplicates_nothing(tmp_path):
+    source = MemorySource(SCHEMAS)
+    clock = FakeClock(1000)
+    source.append(0, "clicks", [{"user": 1}, {"user": 2}])
+    a = Pipeline("pipe", tmp_path, source, now=clock)
+    b = Pipeline("pipe", tmp_path, source, now=clock)  # its view of the outputs goes stale below
+    a.step()
+    clock.ms = 2000
+    source.append(0, "clicks", [{"user": 3}])
+    source.finish()
+    b.run()  # plans from upper 0 at first, is fenced at commit, re-reads and goes on
+    assert [(r["user"], r["_into_ts"]) for r in tables(tmp_path)["clicks"]] == [(1, 1000), (2, 1000), (3, 2000)]
+
+
+def test_only_one_job_can_run_a_pipeline_at_a_time(tmp_path):
+    from reclock import job
+    from reclock.errors import ReclockError
+
+    lake = Lake.at(tmp_path)
+    first = job._exclusive(lake, "pipe")
+    with pytest.raises(ReclockError, match="already running"):
+        job._exclusive(lake, "pipe")
+    first.close()
+    job._exclusive(lake, "pipe").close()
+
+
+def test_a_finished_pipeline_does_not_hold_back_reads_across_pipelines(tmp_path):
+    done = MemorySource(SCHEMAS)
+    done.append(0, "clicks", [{"user": 1}])
+    done.finish()
+    Pipeline("done", tmp_path, done, now=FakeClock(1000)).run()
+    live = MemorySource(SCHEMAS)
+    live.append(0, "views", [{"page": "a"}])
+    clock = FakeClock(5000)
+    Pipeline("live", tmp_path, live, now=clock).step()
+    assert readable_upper(tmp_path, ["done", "live"]) == 5001
+    assert read_as_of(tmp_path, "done", 5000)["clicks"].num_rows == 1
+
+
+def test_as_of_reads_survive_delta_log_cleanup(tmp_path):
+    source = MemorySource(SCHEMAS)
+    clock = FakeClock(1000)
+    pipeline = Pipeline("pipe", tmp_path, source, now=clock)
+    for i in range(1, 4):
+        clock.ms = 1000 * i
+        source.append(0, "clicks", [{"user": i}])
+        pipeline.step()
+    log = Lake.at(tmp_path).output_path("pipe", "clicks") / "_delta_log"
+    DeltaTable(str(log.parent)).create_checkpoint()
+    for old in sorted(log.glob("0000000000000000000[01].json")):
+        old.unlink()  # what log retention does to versions older than 30 days
+    assert read_as_of(tmp_path, "pipe", 3000)["clicks"].num_rows == 3
+    assert read_as_of(tmp_path, "pipe", 2000)["clicks"].num_rows == 2
