@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from persist.lake import Lake, sink_id
 from persist.read import read_table
 from persist.status_tables import read_status_table
 from reclock import job
-from reclock.config import load_config, parse_config
+from reclock.config import load_config
 from reclock.errors import ConfigError, ReclockError
 from reclock.health import Health
 from reclock.status import read_status
@@ -274,30 +273,12 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    lake = Lake.at(args.lake)
-    shutil.rmtree(lake.pipeline_dir("demo"), ignore_errors=True)
-    config = parse_config(
-        {
-            "pipeline": {
-                "name": "demo",
-                "lake": str(lake.root),
-                "engine": args.engine,
-                "batch_interval": 0.5,
-                "max_batch": 100_000,
-            },
-            "source": {"kind": "generator", "partitions": 4, "rate": args.rate, "limit": args.events},
-        }
-    )
-    job.create(config)
-    print(
-        f"demo: {args.events:,} auction events at {args.rate:,.0f}/s -> persons, auctions, bids in {lake.root}/demo",
-        file=sys.stderr,
-    )
-    pipeline = job.run(lake, "demo", progress=sys.stderr)
-    if pipeline.health is Health.FAILED:
+    from reclock.demo import run_demo
+
+    as_of = run_demo(Lake.at(args.lake), events=args.events, rate=args.rate, engine=args.engine, out=sys.stderr)
+    if as_of is None:
         return 1
-    as_of = min(readable_upper(lake, "demo"), pipeline.remap.bindings.upper) - 1  # the closing binding
-    cut = read_as_of(lake, "demo", as_of)
+    cut = read_as_of(Lake.at(args.lake), "demo", as_of)
     print(f"\nconsistent as-of read of every output at into time {as_of} ({_when(as_of)}):")
     print(
         _table(

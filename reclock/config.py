@@ -163,6 +163,8 @@ def build_source(
         options.setdefault("anchor_ms", created_at_ms)
     if "generations_path" in params and generations_path is not None:
         options.setdefault("generations_path", generations_path)
+    if "group_id" in params:
+        options.setdefault("group_id", f"reclock-{config.name}")
     try:
         return cls(**options)
     except ConfigError as exc:
