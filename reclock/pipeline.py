@@ -281,6 +281,8 @@ class Pipeline:
             proposal = Frontier.closed()
         else:
             probe = self.source.upper()
+            if getattr(self.source, "forgets_partitions", False):
+                probe = bound.join(probe)
             self._last_probe = probe
             if not bound.less_equal(probe):
                 raise DefiniteSourceError(

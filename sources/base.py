@@ -110,6 +110,11 @@ class SourceBase:
     #: Largest number of offsets one split covers; bigger ranges are cut into several tasks.
     max_split_offsets: int = 1_000_000
 
+    #: Whether :meth:`upper` may stop naming a partition it named before (a deleted file). Such a
+    #: probe is joined with what is already bound; otherwise a probe below the bound frontier
+    #: means the source was recreated, a definite error.
+    forgets_partitions: bool = False
+
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         """One split per partition that advanced, cut at :attr:`max_split_offsets`."""
         out: list[Split] = []
