@@ -1,0 +1,184 @@
+"""A files pipeline end to end: SingleStore's batch semantics on real files and Delta tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from persist.lake import Lake
+from persist.read import read_table
+from persist.status_tables import read_status_table
+from reclock.cli import main
+
+COLUMNS = '{ id = "int64", name = "string" }'
+
+
+def config(tmp_path: Path, *, stop_on_error: bool, extra: str = "") -> Path:
+    path = tmp_path / "files.toml"
+    path.write_text(
+        f"""
+[pipeline]
+name = "ingest"
+lake = "lake"
+engine = "local"
+max_retries = 2
+retry_backoff = 0.0
+batch_interval = 0.05
+stop_on_error = {str(stop_on_error).lower()}
+{extra}
+[source]
+kind = "files"
+path = "{tmp_path / "in"}"
+columns = {COLUMNS}
+max_files_per_batch = 2
+"""
+    )
+    return path
+
+
+def make_inputs(tmp_path: Path, *, corrupt: bool = True) -> dict[str, int]:
+    """Good CSV, JSON lines and Parquet files (and a corrupt Parquet one); rows per good file."""
+    folder = tmp_path / "in"
+    folder.mkdir(exist_ok=True)
+    (folder / "a.csv").write_text("id,name\n" + "".join(f"{i},a{i}\n" for i in range(5)))
+    (folder / "b.jsonl").write_text("".join(json.dumps({"id": 100 + i, "name": f"b{i}"}) + "\n" for i in range(4)))
+    pq.write_table(
+        pa.table({"id": pa.array(range(200, 203), pa.int64()), "name": ["c0", "c1", "c2"]}), folder / "c.parquet"
+    )
+    if corrupt:
+        (folder / "d.parquet").write_bytes(b"PAR1 this is not a parquet file at all")
+    return {"a.csv": 5, "b.jsonl": 4, "c.parquet": 3}
+
+
+def rows(tmp_path: Path) -> list[dict]:
+    lake = Lake.at(tmp_path / "lake")
+    return read_table(DeltaTable(str(lake.output_path("ingest", "rows")))).to_pylist()
+
+
+def per_file(tmp_path: Path) -> Counter:
+    return Counter(json.loads(r["_partition"])[0] for r in rows(tmp_path))
+
+
+def run(tmp_path: Path, *args: str) -> int:
+    return main(["--lake", str(tmp_path / "lake"), *args])
+
+
+def file_states(tmp_path: Path) -> dict[str, str]:
+    latest = {}
+    for row in read_status_table(Lake.at(tmp_path / "lake"), "files", "ingest").to_pylist():
+        latest[(row["path"], row["generation"])] = row["state"]
+    return {f"{path}#{gen}": state for (path, gen), state in latest.items()}
+
+
+def test_good_files_load_once_and_a_corrupt_one_is_skipped_and_listed(tmp_path, capsys):
+    expected = make_inputs(tmp_path)
+    assert main(["create", str(config(tmp_path, stop_on_error=False, extra="idle_interval = 0.2"))]) == 0
+    assert run(tmp_path, "start", "ingest", "--max-seconds", "6") == 0
+    assert per_file(tmp_path) == expected  # every good row exactly once, nothing of d.parquet
+    assert file_states(tmp_path) == {
+        "a.csv#0": "Loaded",
+        "b.jsonl#0": "Loaded",
+        "c.parquet#0": "Loaded",
+        "d.parquet#0": "Skipped",
+    }
+    capsys.readouterr()
+    assert run(tmp_path, "errors", "ingest", "--json") == 0
+    errors = json.loads(capsys.readouterr().out)
+    skipped = [e for e in errors if e["kind"] == "skipped"]
+    assert len(skipped) == 1 and "d.parquet" in skipped[0]["partition"]
+    attempts = [e for e in errors if e["kind"] == "batch data"]
+    assert len(attempts) == 3  # the first attempt and max_retries = 2 retries, all recorded
+
+
+def test_stop_on_error_fails_naming_the_file_with_nothing_of_the_batch_visible(tmp_path, capsys):
+    make_inputs(tmp_path)
+    assert main(["create", str(config(tmp_path, stop_on_error=True))]) == 0
+    assert run(tmp_path, "start", "ingest", "--max-seconds", "20") == 1
+    err = capsys.readouterr().err
+    assert "failed (state Error)" in err and "d.parquet" in err
+    states = read_status_table(Lake.at(tmp_path / "lake"), "pipelines", "ingest").column("state").to_pylist()
+    assert states[-1] == "Error"
+    loaded = per_file(tmp_path)
+    assert "d.parquet" not in loaded
+    # The failing batch was (c.parquet, d.parquet): files are taken two per batch in discovery order.
+    assert "c.parquet" not in loaded
+
+
+def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tmp_path):
+    expected = make_inputs(tmp_path, corrupt=False)
+    assert main(["create", str(config(tmp_path, stop_on_error=True, extra="idle_interval = 0.2"))]) == 0
+    lake = str(tmp_path / "lake")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", "ingest"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: per_file(tmp_path) == expected)
+        (tmp_path / "in" / "e.csv").write_text("id,name\n900,late\n901,later\n")
+        wait_for(lambda: per_file(tmp_path).get("e.csv") == 2)
+    finally:
+        job.send_signal(signal.SIGINT)
+        assert job.wait(timeout=60) == 0
+    assert run(tmp_path, "drop-file", "ingest", "a.csv") == 0
+    assert run(tmp_path, "start", "ingest", "--max-seconds", "3") == 0
+    assert per_file(tmp_path) == {**expected, "e.csv": 2, "a.csv": 10}  # a.csv once more, as generation 1
+    assert file_states(tmp_path)["a.csv#1"] == "Loaded"
+
+
+def test_a_file_is_all_in_or_all_out_at_every_moment_even_across_sigkill(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    sizes = {}
+    for f in range(60):
+        n = 3_000 + 137 * f
+        (folder / f"f{f:02}.csv").write_text("id,name\n" + "".join(f"{i},r{i}\n" for i in range(n)))
+        sizes[f"f{f:02}.csv"] = n
+    assert main(["create", str(config(tmp_path, stop_on_error=True, extra="idle_interval = 0.2"))]) == 0
+    lake = str(tmp_path / "lake")
+    job = subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", "ingest"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    observations = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(per_file_safe(tmp_path)) < 5:
+        seen = per_file_safe(tmp_path)
+        assert all(count == sizes[name] for name, count in seen.items()), seen  # never a part of a file
+        observations += 1
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait(timeout=30)
+    assert observations > 0 and len(per_file_safe(tmp_path)) < len(sizes)
+    assert run(tmp_path, "start", "ingest", "--max-seconds", "8") == 0
+    assert per_file(tmp_path) == sizes
+
+
+def per_file_safe(tmp_path: Path) -> Counter:
+    try:
+        return per_file(tmp_path)
+    except Exception:  # the table does not exist yet
+        return Counter()
+
+
+def wait_for(condition, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if condition():
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
