@@ -35,10 +35,13 @@ from deltalake.transaction import AddAction
 from reclock.errors import FencedError
 from reclock.time import IntoTime
 
-__all__ = ["INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
+__all__ = ["DELETED", "INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
 
 #: The column every output row carries: its time on the shared timeline (ms since the epoch).
 INTO_TS = "_into_ts"
+
+#: Staged-only column of upsert and debezium outputs: the record deletes its key.
+DELETED = "_deleted"
 
 _STAT_STRING_LIMIT = 64
 
@@ -74,11 +77,33 @@ def write_data_file(root: str, output: str, table: pa.Table) -> DataFile:
 
 
 class OutputSink:
-    """The driver-side owner of one output table."""
+    """The driver-side owner of one output table.
 
-    def __init__(self, path: Path, app_id: str, schema: pa.Schema) -> None:
+    ``append`` outputs get the tasks' files added as they are. ``upsert`` and ``debezium`` outputs
+    get them *staged* (in ``staging``, with a ``_deleted`` column), and the commit is one Delta
+    MERGE of the batch's latest record per key: a later binding wins, then a later offset.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        app_id: str,
+        schema: pa.Schema,
+        *,
+        envelope: str = "append",
+        key: tuple[str, ...] = (),
+        staging: Path | None = None,
+    ) -> None:
         self.path = Path(path)
         self.app_id = app_id
+        self.envelope = envelope
+        self.key = key
+        self.schema = schema
+        self.staging = (
+            None if envelope == "append" else Path(staging or self.path.parent / f".staging-{self.path.name}")
+        )
+        if self.staging is not None:
+            self.staging.mkdir(parents=True, exist_ok=True)
         if not (self.path / "_delta_log").is_dir():
             try:
                 DeltaTable.create(str(self.path), schema=schema)
@@ -91,6 +116,18 @@ class OutputSink:
     def upper(self) -> IntoTime:
         """First into time this output does not hold yet (0 before its first commit)."""
         return self._upper
+
+    @property
+    def write_root(self) -> Path:
+        """Where tasks write this output's files: the table, or the staging folder for a MERGE."""
+        return self.staging or self.path
+
+    @property
+    def write_schema(self) -> pa.Schema:
+        """What tasks write: the table's schema, plus ``_deleted`` when the commit is a MERGE."""
+        if self.staging is None:
+            return self.schema
+        return self.schema.append(pa.field(DELETED, pa.bool_(), nullable=False))
 
     def refresh(self) -> IntoTime:
         self._upper = _label_upper(DeltaTable(str(self.path)), self.app_id)
@@ -120,28 +157,54 @@ class OutputSink:
                 "another driver is writing this pipeline"
             )
         now_ms = int(time.time() * 1000)
-        actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
+        properties = CommitProperties(
+            app_transactions=[Transaction(self.app_id, binding_ts, now_ms)],
+            custom_metadata={"reclock.into_ts": str(binding_ts)},
+        )
         try:
-            table.create_write_transaction(
-                actions,
-                mode="append",
-                schema=table.schema(),
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, binding_ts, now_ms)],
-                    custom_metadata={"reclock.into_ts": str(binding_ts)},
-                ),
-            )
+            if self.staging is not None and files:
+                self._merge(table, files, properties)
+                if _label_upper(DeltaTable(str(self.path)), self.app_id) <= binding_ts:
+                    # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
+                    table.create_write_transaction(
+                        [], mode="append", schema=table.schema(), commit_properties=properties
+                    )
+            else:
+                actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
+                table.create_write_transaction(
+                    actions, mode="append", schema=table.schema(), commit_properties=properties
+                )
         except CommitFailedError as exc:
             self._discard(files)
             if self.refresh() > binding_ts:
                 return False
             raise FencedError(f"output table {self.path}: concurrent commit: {exc}") from exc
+        if self.staging is not None:
+            self._discard(files)
         self._upper = binding_ts + 1
         return True
 
+    def _merge(self, table: DeltaTable, files: list[DataFile], properties: CommitProperties) -> None:
+        """One MERGE of the latest staged record per key, on the snapshot the label was read from."""
+        staged = pq.read_table([str(self.staging / f.path) for f in files], schema=self.write_schema)
+        order = staged.append_column("__order", pa.array(range(staged.num_rows), pa.int64()))
+        order = order.sort_by([(INTO_TS, "ascending"), ("_offset", "ascending"), ("__order", "ascending")])
+        order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))
+        latest = order.group_by(list(self.key)).aggregate([("__rank", "max")]).column("__rank_max")
+        batch = order.take(latest).drop_columns(["__order", "__rank"])
+        columns = {name: f"s.`{name}`" for name in self.schema.names}
+        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.key)
+        (
+            table.merge(batch, on, source_alias="s", target_alias="t", commit_properties=properties)
+            .when_matched_delete(predicate=f"s.`{DELETED}`")
+            .when_matched_update(columns, predicate=f"NOT s.`{DELETED}`")
+            .when_not_matched_insert(columns, predicate=f"NOT s.`{DELETED}`")
+            .execute()
+        )
+
     def _discard(self, files: list[DataFile]) -> None:
         for f in files:
-            (self.path / f.path).unlink(missing_ok=True)
+            (self.write_root / f.path).unlink(missing_ok=True)
 
 
 def _label_upper(table: DeltaTable, app_id: str) -> IntoTime:

@@ -31,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.sink import INTO_TS, DataFile, write_data_file
+from persist.sink import DELETED, INTO_TS, DataFile, write_data_file
 from reclock.errors import DefiniteSourceError, TransientError
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import IntoTime, encode_partition
-from sources.base import Source, Split
+from sources.base import ERRORS, Source, Split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -53,6 +53,8 @@ class BatchPlan:
     roots: Mapping[str, str]
     schemas: Mapping[str, pa.Schema]
     file_rows: int = 1_000_000
+    #: Per output that is not ``append``: its envelope and key columns (see :mod:`sources.base`).
+    envelopes: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -142,9 +144,16 @@ def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict
         keep = into >= plan.uppers[output]
         if not keep.any():
             continue
-        shaped = _shape(batch, into, schema)
+        envelope, key = plan.envelopes.get(output, ("append", ()))
+        shaped = _shape(_unwrap(batch, envelope, key), into, schema)
         if not keep.all():
             shaped = shaped.filter(pa.array(keep))
+        if key:
+            shaped, orphans = _split_null_keys(shaped, key, plan.schemas[ERRORS])
+            orphans = orphans.filter(pc.greater_equal(orphans.column(INTO_TS), plan.uppers[ERRORS]))
+            if orphans.num_rows:
+                pending.setdefault(ERRORS, []).append(orphans)
+                counts[ERRORS] = counts.get(ERRORS, 0) + orphans.num_rows
         pending.setdefault(output, []).append(shaped)
         counts[output] = counts.get(output, 0) + shaped.num_rows
         stats["rows"] += shaped.num_rows
@@ -172,6 +181,52 @@ def _flush(plan: BatchPlan, output: str, pending: dict[str, list[pa.Table]], cou
     table = pa.concat_tables(pending.pop(output))
     counts.pop(output)
     return write_data_file(plan.roots[output], output, table)
+
+
+def _unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
+    """Give upsert and debezium batches the row columns plus ``_deleted``; append passes through."""
+    if envelope == "append":
+        return batch
+    if envelope == "debezium":
+        deleted = pc.fill_null(pc.equal(batch.column("op"), "d"), False)
+        before, after = batch.column("before"), batch.column("after")
+        names = [f.name for f in after.type]
+        columns = [
+            pc.if_else(deleted, pc.struct_field(before, [i]), pc.struct_field(after, [i])) for i in range(len(names))
+        ]
+        return pa.RecordBatch.from_arrays(
+            [batch.column("_partition"), batch.column("_offset"), *columns, deleted],
+            names=["_partition", "_offset", *names, DELETED],
+        )
+    if batch.schema.get_field_index(DELETED) >= 0:
+        return batch
+    values = [n for n in batch.schema.names if n not in ("_partition", "_offset", *key)]
+    deleted = pa.array(np.ones(batch.num_rows, dtype=bool))
+    for name in values:
+        deleted = pc.and_(deleted, pc.is_null(batch.column(name)))
+    return batch.append_column(DELETED, deleted)
+
+
+def _split_null_keys(table: pa.Table, key: tuple[str, ...], errors: pa.Schema) -> tuple[pa.Table, pa.Table]:
+    """Rows without a key cannot be upserted: they become ``_errors`` rows, never silently lost."""
+    missing = pc.is_null(table.column(key[0]))
+    for name in key[1:]:
+        missing = pc.or_(missing, pc.is_null(table.column(name)))
+    if not pc.any(missing).as_py():
+        return table, errors.empty_table()
+    bad = table.filter(missing)
+    orphans = pa.table(
+        {
+            "kind": pa.array(["null_key"] * bad.num_rows, pa.string()),
+            "message": pa.array([f"upsert key {list(key)} is null"] * bad.num_rows, pa.string()),
+            "raw": pa.nulls(bad.num_rows, pa.binary()),
+            INTO_TS: bad.column(INTO_TS),
+            "_partition": bad.column("_partition"),
+            "_offset": bad.column("_offset"),
+        },
+        schema=errors,
+    )
+    return table.filter(pc.invert(missing)), orphans
 
 
 def _shape(batch: pa.RecordBatch, into: np.ndarray, schema: pa.Schema) -> pa.Table:

@@ -145,7 +145,11 @@ class Pipeline:
         self.remap = RemapTable(self.lake.remap_path(name))
         self.sinks = {
             output.name: OutputSink(
-                self.lake.output_path(name, output.name), sink_id(name, output.name), table_schema(output.schema)
+                self.lake.output_path(name, output.name),
+                sink_id(name, output.name),
+                table_schema(output.schema),
+                envelope=output.envelope,
+                key=output.key,
             )
             for output in self.outputs.values()
         }
@@ -321,9 +325,10 @@ class Pipeline:
             source=self.source,
             stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
             uppers={name: sink.upper for name, sink in self.sinks.items()},
-            roots={name: str(sink.path) for name, sink in self.sinks.items()},
-            schemas={name: table_schema(output.schema) for name, output in self.outputs.items()},
+            roots={name: str(sink.write_root) for name, sink in self.sinks.items()},
+            schemas={name: sink.write_schema for name, sink in self.sinks.items()},
             file_rows=self.settings.file_rows,
+            envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
         )
         # Step 4: write.
         started = wall_clock_ms()
@@ -452,8 +457,13 @@ def _outputs_of(source: Source) -> dict[str, Output]:
             raise ConfigError("outputs", f"output name {output.name!r} must be an identifier not starting with '_'")
         if output.name in outputs:
             raise ConfigError("outputs", f"output {output.name!r} is declared twice")
-        if output.envelope != "append":
-            raise ConfigError("outputs", f"output {output.name!r}: envelope {output.envelope!r} is not supported yet")
+        if output.envelope not in ("append", "upsert", "debezium"):
+            raise ConfigError("outputs", f"output {output.name!r}: unknown envelope {output.envelope!r}")
+        if output.envelope != "append" and not output.key:
+            raise ConfigError("outputs", f"output {output.name!r}: a {output.envelope} output needs key columns")
+        missing = [k for k in output.key if k not in output.schema.names]
+        if missing:
+            raise ConfigError("outputs", f"output {output.name!r}: key columns {missing} are not in its schema")
         outputs[output.name] = output
     outputs[ERRORS] = Output(ERRORS, ERRORS_SCHEMA)
     return outputs

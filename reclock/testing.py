@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from reclock.time import Frontier, Partition, encode_partition
-from sources.base import LINEAGE_FIELDS, Output, SourceBase, Split
+from sources.base import LINEAGE_FIELDS, Output, SourceBase, Split, debezium_schema
 
 __all__ = ["CrashAt", "FakeClock", "MemorySource", "SimulatedCrash"]
 
@@ -57,9 +57,11 @@ class MemorySource(SourceBase):
     pause point). Reads are replayable because records are never changed once appended.
     """
 
-    def __init__(self, outputs: Mapping[str, pa.Schema], *, max_split_offsets: int = 1_000_000) -> None:
-        self._outputs = [Output(name, schema) for name, schema in outputs.items()]
-        self._schemas = dict(outputs)
+    def __init__(self, outputs: Mapping[str, pa.Schema | Output], *, max_split_offsets: int = 1_000_000) -> None:
+        self._outputs = [o if isinstance(o, Output) else Output(name, o) for name, o in outputs.items()]
+        self._schemas = {
+            o.name: debezium_schema(o.schema) if o.envelope == "debezium" else o.schema for o in self._outputs
+        }
         self._log: dict[Partition, list[tuple[str, dict]]] = {}
         self._held: Frontier | None = None
         self._end: Frontier | None = None

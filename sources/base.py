@@ -14,6 +14,15 @@ Shaped like PySpark 4's Python streaming data source (``latestOffset``, ``partit
 * :meth:`Source.commit` is told the resume frontier after each batch (advisory: a Kafka source
   commits it to its consumer group); resumption never reads it back.
 
+Envelopes say what a record *means* for its output table (``Output.envelope``):
+
+* ``append`` (default): every record is a new row.
+* ``upsert``: the output's ``key`` columns identify a row; the latest record per key wins and a
+  record whose non-key columns are all null (a Kafka tombstone) deletes the key, unless the batch
+  carries an explicit boolean ``_deleted`` column.
+* ``debezium``: batches carry the change-event columns of :func:`debezium_schema` (``before``,
+  ``after``, ``op``); ``op = "d"`` deletes ``before``'s key, anything else upserts ``after``.
+
 A record that cannot be decoded is not an exception: the reader yields it to :data:`ERRORS` with
 its coordinates so that it is never silently lost, or raises :class:`RecordError` when its own
 ``on_record_error`` option says ``fail`` (sources that decode take that option).
@@ -41,6 +50,7 @@ __all__ = [
     "SourceBase",
     "Split",
     "cap_frontier",
+    "debezium_schema",
     "error_batch",
 ]
 
@@ -162,6 +172,12 @@ def cap_frontier(lower: Frontier, upper: Frontier, max_records: int) -> Frontier
             grant[p] = share + (1 if i < budget - share * len(pending) else 0)
         break
     return lower.join(Frontier({p: lower.offset(p) + g for p, g in grant.items()}))
+
+
+def debezium_schema(own: pa.Schema) -> pa.Schema:
+    """The columns a ``debezium`` output's batches carry: the row before and after, and the op."""
+    row = pa.struct(list(own))
+    return pa.schema([pa.field("before", row), pa.field("after", row), pa.field("op", pa.string())])
 
 
 def error_batch(
