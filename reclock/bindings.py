@@ -66,8 +66,9 @@ class Bindings:
     def __len__(self) -> int:
         return len(self._times)
 
-    def times(self) -> list[IntoTime]:
-        return list(self._times)
+    def times(self, since: IntoTime = 0) -> list[IntoTime]:
+        """Binding times at or after ``since``, oldest first: O(log n) plus what is returned."""
+        return self._times[bisect_left(self._times, since) :]
 
     def reclock(self, partition: Partition, offset: Offset) -> IntoTime | None:
         """Into time of record ``(partition, offset)``, or ``None`` while no binding covers it."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -304,13 +303,12 @@ class Pipeline:
         # Step 3: plan from the slowest output.
         bindings = self.remap.bindings
         lo = self.resume_upper
-        times = bindings.times()
-        first = bisect_left(times, lo)
-        if first == len(times):
+        pending = bindings.times(since=lo)
+        if not pending:
             return BatchReport()
         lower = bindings.source_upper_at(lo)
-        hi = times[first]
-        for t in times[first + 1 :]:
+        hi = pending[0]
+        for t in pending[1:]:
             frontier = bindings.source_upper_at(t + 1)
             if frontier.is_closed or lower.count_to(frontier) > self.settings.max_batch:
                 break
