@@ -1,4 +1,8 @@
-"""A files pipeline end to end: SingleStore's batch semantics on real files and Delta tables."""
+"""A files pipeline end to end: SingleStore's batch semantics on real files, job processes and Delta tables.
+
+No Spark and no broker, but real ``reclock start`` processes (one is SIGKILLed), so these live with
+the integration tests and keep the unit suite fast.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from deltalake import DeltaTable
 
 from persist.lake import Lake
 from persist.read import read_table
 from persist.status_tables import read_status_table
 from reclock.cli import main
+
+pytestmark = pytest.mark.integration
 
 COLUMNS = '{ id = "int64", name = "string" }'
 
