@@ -54,10 +54,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(required=True, metavar="command")
 
-    demo = commands.add_parser("demo", help="run a generator pipeline end to end on an embedded default")
+    demo = commands.add_parser("demo", help="run a Kafka pipeline end to end on an embedded broker")
     demo.add_argument("--events", type=int, default=400_000, help="events the generator produces")
-    demo.add_argument("--rate", type=float, default=50_000, help="events per second")
+    demo.add_argument("--rate", type=float, default=50_000, help="events per second (at most)")
     demo.add_argument("--engine", choices=("spark", "local"), default="spark")
+    demo.add_argument(
+        "--source",
+        choices=("kafka", "generator"),
+        default="kafka",
+        help="kafka: produce to an embedded broker while a Kafka pipeline ingests (default); generator: no broker",
+    )
     demo.set_defaults(func=_demo)
 
     create = commands.add_parser("create", help="validate a pipeline definition and store it in its lake")
@@ -275,7 +281,9 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
 def _demo(args: argparse.Namespace) -> int:
     from reclock.demo import run_demo
 
-    as_of = run_demo(Lake.at(args.lake), events=args.events, rate=args.rate, engine=args.engine, out=sys.stderr)
+    as_of = run_demo(
+        Lake.at(args.lake), events=args.events, rate=args.rate, engine=args.engine, out=sys.stderr, source=args.source
+    )
     if as_of is None:
         return 1
     cut = read_as_of(Lake.at(args.lake), "demo", as_of)

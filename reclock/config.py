@@ -171,7 +171,8 @@ def build_source(
         raise ConfigError(f"source.{exc.field}", str(exc).split(": ", 1)[-1], file=file) from None
 
 
-_SECRET = re.compile(r"pass|secret|token|key|credential|sasl|ssl", re.IGNORECASE)
+# Keys whose values are secrets; not "key" or "ssl" alone: key columns and certificate paths are not.
+_SECRET = re.compile(r"pass(word|wd|phrase)?($|_)|secret|token|credential|private_key|api_?key", re.IGNORECASE)
 
 
 def redacted(value: Any, key: str = "") -> Any:

@@ -2,12 +2,13 @@
 
 By default (``source="kafka"``) the demo starts an embedded Kafka-compatible broker
 (:class:`~reclock.broker.EmbeddedBroker`, Tansu in memory), creates one topic per output of the
-generator's auction workload (``persons``, ``auctions``, ``bids``, 4 partitions each), and, in a
-producer process, writes the generator's events to them as JSON with kafka-python while a Kafka
-pipeline (``<lake>/demo``) ingests them live. The pipeline runs as a normal job (status tables,
-``status.json``, progress lines); a watcher asks it to stop once every output holds every record the
-producer had delivered, then the broker stops. Kafka is unbounded, so the pipeline ends *stopped*,
-not *finished*; the demo returns the into time of the consistent cut that holds all of it.
+generator's auction workload (``persons``, ``auctions``, ``bids``, 4 partitions each) and starts a
+Kafka pipeline (``<lake>/demo``) on them as a normal job (status tables, ``status.json``, progress
+lines). Once the job runs, a producer process writes the generator's events to the topics as JSON
+with kafka-python, and the pipeline ingests them live. A watcher asks the job to stop once every
+output holds every record the producer delivered, then the broker stops. Kafka is unbounded, so the
+pipeline ends *stopped*, not *finished*; the demo returns the into time of the consistent cut that
+holds all of it.
 
 ``source="generator"`` runs the generator straight into the pipeline (no broker, a bounded source
 that finishes) and reads as of its closing binding.
@@ -147,7 +148,10 @@ def _kafka_demo(lake: Lake, *, events: int, rate: float, engine: str, out: TextI
         if watcher.error is not None:
             out.write(f"demo: {watcher.error}\n")
             return None
-        if pipeline.health is Health.FAILED or not watcher.complete:
+        if pipeline.health is Health.FAILED:
+            return None
+        if not watcher.complete:
+            out.write("demo: stopped before every produced record was in the lake\n")
             return None
     return readable_upper(lake, DEMO) - 1  # every output holds every produced record at this cut
 
@@ -173,7 +177,8 @@ def _create_topics(bootstrap: str, topics: list[str]) -> None:
 
 
 class _Watcher(threading.Thread):
-    """Asks the demo job to stop once every output holds every record the producer delivered.
+    """Starts the producer once the job runs; asks the job to stop once every output holds every
+    record the producer delivered.
 
     It compares the producer's delivery ends (the broker's own offsets) with the resume frontier
     the job publishes in ``status.json``: that frontier is covered by *every* output, durably.
@@ -191,6 +196,16 @@ class _Watcher(threading.Thread):
     def run(self) -> None:
         ends: dict[tuple[str, int], int] | None = None
         while not self.done.wait(_STOP_POLL_S):
+            status = read_status(self.lake, DEMO) or {}
+            health = status.get("health")
+            if health in (Health.FAILED.value, Health.STOPPED.value):
+                return
+            if not self.producer.started:
+                if health == Health.RUNNING.value:  # the job is up (Spark too): produce into it, live
+                    self.producer.start()
+                    self.out.write("\ndemo: the pipeline is running; producing\n")
+                    self.out.flush()
+                continue
             if ends is None:
                 result = self.producer.result()
                 if result is None:
@@ -207,9 +222,6 @@ class _Watcher(threading.Thread):
                     "waiting until every output holds all of them\n"
                 )
                 self.out.flush()
-            status = read_status(self.lake, DEMO) or {}
-            if status.get("health") in (Health.FAILED.value, Health.STOPPED.value):
-                return
             resume = Frontier.from_json(status.get("resume_frontier", "{}"))
             if all(resume.covers(partition, end - 1) for partition, end in ends.items() if end > 0):
                 self.complete = True
@@ -218,17 +230,32 @@ class _Watcher(threading.Thread):
 
 
 class _ProducerProcess:
-    """The demo's producer in a child process (its own interpreter, so its own core)."""
+    """The demo's producer in a child process (its own interpreter, so its own core).
+
+    The child imports and connects at once, then waits for :meth:`start`, so production begins
+    only when the pipeline runs and the records stream in live, whatever the engine's start-up.
+    """
 
     def __init__(self, bootstrap: str, events: int, rate: float) -> None:
         context = multiprocessing.get_context("spawn")
+        self._go = context.Event()
         self._receiver, sender = context.Pipe(duplex=False)
         self._process = context.Process(
-            target=_produce, args=(bootstrap, events, rate, sender), name="reclock-demo-producer", daemon=True
+            target=_produce,
+            args=(bootstrap, events, rate, self._go, sender),
+            name="reclock-demo-producer",
+            daemon=True,
         )
         self._process.start()
         sender.close()
         self._result: dict[str, Any] | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._go.is_set()
+
+    def start(self) -> None:
+        self._go.set()
 
     def result(self) -> dict[str, Any] | None:
         """``{"ends": {(topic, partition): end}, "seconds": s}`` or ``{"error": ...}``; ``None`` while running."""
@@ -251,14 +278,16 @@ class _ProducerProcess:
         self._receiver.close()
 
 
-def _produce(bootstrap: str, events: int, rate: float, sender: Any) -> None:
-    """Child process: the generator's events as JSON, event ``(gen-i, o)`` to partition ``i`` of
-    the topic named after its output, at most ``rate`` a second; reports the delivery ends."""
+def _produce(bootstrap: str, events: int, rate: float, go: Any, sender: Any) -> None:
+    """Child process: once ``go`` is set, the generator's events as JSON, event ``(gen-i, o)`` to
+    partition ``i`` of the topic named after its output, at most ``rate`` a second; reports the
+    delivery ends."""
     try:
         from kafka import KafkaProducer
 
-        started = time.monotonic()
         producer = KafkaProducer(bootstrap_servers=bootstrap, **_PRODUCER_SETTINGS)
+        go.wait()
+        started = time.monotonic()
         last: dict[tuple[str, int], Any] = {}
         sent = 0
         for topic, partition, values in _events_as_json(events):

@@ -116,6 +116,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     _record_state(tables, pipeline, config_json)
     started = time.monotonic()
     first_offsets: dict[str, int] = {}
+    last_health = [pipeline.health]
     metrics = Metrics(pipeline)
     if config.metrics_port is not None:
         status.metrics_port = metrics.serve(config.metrics_port)
@@ -128,8 +129,9 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         _record_batch(tables, pipeline, report, first_offsets)
         metrics.observe(report)
         _publish(lake, pipeline, status)
-        if progress is not None:
-            _progress_line(progress, pipeline, status, time.monotonic() - started)
+        if progress is not None and not (report.idle and pipeline.health is last_health[0]):
+            _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
+        last_health[0] = pipeline.health
 
     try:
         pipeline.run(stop, on_batch=on_batch, on_health=lambda p: _publish(lake, p, status))

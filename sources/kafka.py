@@ -10,10 +10,11 @@ The stages, in the design's words:
 * **probe** (:meth:`KafkaSource.upper`, driver): the true end of each partition is the *high
   watermark carried by a Fetch response*, read with ``consumer.highwater(tp)`` after a poll. Never
   ``end_offsets()``: ``ListOffsets(LATEST)`` is wrong on the Tansu test broker (it answers the last
-  batch's base offset + 1). The probe keeps one consumer, reassigns it on every call (fresh
-  partition state, so a high watermark can only come from this call's fetches), seeks each
-  partition to its last known end and polls until every partition has answered. The frontier it
-  reports is the join of everything learned, so it never regresses. Topics matching ``pattern``
+  batch's base offset + 1). Every probe uses a fresh consumer (kafka-python keeps buffered and
+  in-flight fetch responses across ``unsubscribe``/``assign``, so a reused one can answer with an
+  earlier probe's high watermark), seeks each partition to its last known end and polls until
+  every partition has answered. The frontier it reports is the join of everything learned, so it
+  never regresses. Topics matching ``pattern``
   and partitions added while running join as soon as metadata shows them, with their whole high
   watermark: data a partition already holds binds at one time. A high watermark that goes back
   (topic deleted and re-created, unclean leader election) is a :class:`DefiniteSourceError`.
@@ -28,9 +29,10 @@ The stages, in the design's words:
   ``start`` (mid-batch seeks work) and polls until its *position* reaches ``end``: transaction
   markers and compaction gaps take offsets but yield no record, so counting records would never
   finish. Records at or past ``end`` (fetches return whole batches) are dropped, so a split
-  always yields the same records. A batch is flushed every :attr:`KafkaSource.flush_rows` rows.
-  If no progress is made for ``read_timeout_s`` the read raises :class:`SourceTimeout`
-  (retryable) instead of hanging.
+  always yields the same records; a poll never asks for more records than the range has left, so
+  the rest of a fetch is never decoded (kafka-python decodes records in Python, ~15 us each). A
+  batch is flushed every :attr:`KafkaSource.flush_rows` rows. If no progress is made for
+  ``read_timeout_s`` the read raises :class:`SourceTimeout` (retryable) instead of hanging.
 * **commit** (:meth:`KafkaSource.commit`, driver): the resume frontier goes to the consumer
   group ``group_id`` (offset = next to read); advisory, so a failure is logged, never raised.
 
@@ -251,7 +253,7 @@ class KafkaSource(SourceBase):
         deleted."""
         from kafka import TopicPartition
 
-        consumer = self._probe_consumer()
+        consumer = self._fresh_probe_consumer()
         try:
             # Step 1: discover. A topic (or partition) that appears joins the frontier now.
             partitions = self._discover(consumer)
@@ -259,8 +261,12 @@ class KafkaSource(SourceBase):
             # Step 2: probe the fetch-response high watermark of each partition.
             learned = self._probe(consumer, tps)
             regressed = [tp for tp, hw in learned.items() if hw < self._known.get(tp, 0)]
-            if regressed:  # confirm with a second probe before calling it definite
-                learned.update(self._probe(consumer, [TopicPartition(t, p) for t, p in regressed]))
+            if regressed:  # confirm with a second probe (a fresh consumer) before calling it definite
+                again = self._fresh_probe_consumer()
+                try:
+                    learned.update(self._probe(again, [TopicPartition(t, p) for t, p in regressed]))
+                finally:
+                    _close(again)
                 regressed = [tp for tp in regressed if learned[tp] < self._known.get(tp, 0)]
             if regressed:
                 t, p = regressed[0]
@@ -281,6 +287,8 @@ class KafkaSource(SourceBase):
             if _is_transient(exc):
                 raise SourceTimeout(f"kafka probe failed: {_describe(exc)} ({self._where()})") from exc
             raise
+        finally:
+            _close(consumer)
         # Step 3: join into what we knew; the first probe also fixes start="latest".
         for key, hw in learned.items():
             if hw > self._known.get(key, 0):
@@ -373,7 +381,11 @@ class KafkaSource(SourceBase):
                         f"at offset {position} (high watermark {hw}; {self._where()})"
                     )
                 try:
-                    fetched = consumer.poll(timeout_ms=int(min(remaining, 0.5) * 1000) + 1)
+                    # Never decode past the end: a fetch returns whole batches, often far beyond it.
+                    fetched = consumer.poll(
+                        timeout_ms=int(min(remaining, 0.5) * 1000) + 1,
+                        max_records=max(1, min(self.flush_rows, end - position)),
+                    )
                 except OffsetOutOfRangeError:
                     # Retention deleted what this split needs after it was planned.
                     low = self._low_watermarks([split.partition], consumer).get(split.partition, 0)
@@ -532,15 +544,21 @@ class KafkaSource(SourceBase):
         )
 
     def _probe_consumer(self) -> Any:
+        """The driver's long-lived consumer for low watermarks and timestamp lookups."""
         if self._probe_client is None:
-            self._probe_client = self._consumer(
-                deadline=None,
-                auto_offset_reset="earliest",  # a last known end beyond the log resets, then answers
-                max_partition_fetch_bytes=1024,  # only the high watermark matters
-                fetch_max_wait_ms=5,
-                retry_backoff_ms=20,  # also spaces metadata refreshes: each probe needs one
-            )
+            self._probe_client = self._fresh_probe_consumer()
         return self._probe_client
+
+    def _fresh_probe_consumer(self) -> Any:
+        """A consumer for one probe: creating one costs a few ms, the bootstrap rides on the
+        metadata request every probe makes anyway."""
+        return self._consumer(
+            deadline=None,
+            auto_offset_reset="earliest",  # a last known end beyond the log resets, then answers
+            max_partition_fetch_bytes=1024,  # only the high watermark matters
+            fetch_max_wait_ms=5,
+            retry_backoff_ms=20,  # also spaces metadata refreshes: each probe needs one
+        )
 
     def _drop_probe(self) -> None:
         client, self._probe_client = self._probe_client, None
@@ -585,12 +603,17 @@ class KafkaSource(SourceBase):
         Each partition is fetched from its last known end, or for a partition seen for the first
         time from ``end_offsets() - 1``: only a *hint* that keeps the fetch small (Tansu answers
         the last batch's base offset + 1, Kafka the true end); the answer is the high watermark
-        the fetch response carries. A partition that answered is paused, so its records are
-        dropped unparsed and the next poll moves on to the other partitions.
+        the fetch response carries. A partition that answered is seeked to that high watermark,
+        so the records its fetch returned are dropped unparsed and the next poll moves on to the
+        other partitions.
+
+        ``consumer`` must be fresh (see the module docstring), and this must never ``pause()`` a
+        partition: kafka-python 3.0 parks the buffered fetch of a paused partition and, once another
+        partition's drained fetch sits in line, never releases it, so the parked partition is never
+        fetched again and the probe waits out its deadline.
         """
         if not tps:
             return {}
-        consumer.unsubscribe()  # fresh partition state: highwater is None until this call's fetch
         consumer.assign(tps)
         new = [tp for tp in tps if (tp.topic, tp.partition) not in self._known]
         hints: dict[Any, int] = {}
@@ -608,10 +631,14 @@ class KafkaSource(SourceBase):
         try:
             while pending and time.monotonic() < deadline:
                 consumer.poll(timeout_ms=10, max_records=1)
-                answered = [tp for tp in pending if consumer.highwater(tp) is not None]
-                if answered:
-                    consumer.pause(*answered)
-                    pending = [tp for tp in pending if consumer.highwater(tp) is None]
+                still = []
+                for tp in pending:
+                    hw = consumer.highwater(tp)
+                    if hw is None:
+                        still.append(tp)
+                    else:
+                        consumer.seek(tp, hw)  # the rest of its fetch is dropped unparsed
+                pending = still
             return {(tp.topic, tp.partition): hw for tp in tps if (hw := consumer.highwater(tp)) is not None}
         finally:
             consumer.unsubscribe()  # no fetches between probes

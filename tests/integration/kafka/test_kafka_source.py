@@ -71,6 +71,22 @@ def test_read_of_the_same_split_is_replayable(broker, topic, produce):
     assert _read_all(source, splits) == _read_all(source, splits)
 
 
+def test_a_short_read_does_not_decode_the_rest_of_a_long_fetch(broker, topic, produce):
+    """A fetch returns whole batches, far past a short split's end; kafka-python decodes records in
+    Python, so decoding them all would make every short split as slow as reading the partition."""
+    name = topic()
+    produce.send(name, _values(30_000))
+    source = _source(broker, topics=[name], format="json", schema=SCHEMA)
+
+    def timed(end: int) -> float:
+        started = time.monotonic()
+        assert sum(b.num_rows for _, b in source.read(KafkaSplit((name, 0), 0, end))) == end
+        return time.monotonic() - started
+
+    timed(10)  # warm up the client code
+    assert timed(20) < timed(30_000) / 5
+
+
 def test_read_flushes_bounded_batches(broker, topic, produce):
     name = topic()
     produce.send(name, _values(30))
@@ -114,6 +130,24 @@ def test_upper_never_regresses_and_grows_with_new_records(broker, topic, produce
     second = source.upper()
     assert first.less_equal(second) and second.offset((name, 0)) == 7
     assert source.upper() == second
+
+
+def test_repeated_probes_of_many_partitions_answer_promptly_and_see_every_new_record(broker, topic, produce):
+    """Each probe must hear from every partition again, not only the first time: records arriving
+    between probes are seen at once, and a probe never waits out its deadline on a quiet partition.
+    (kafka-python parks the fetch of a paused partition; the probe must not rely on ``pause``.)"""
+    names = [topic(partitions=4), topic(partitions=3)]
+    source = _source(broker, topics=names)
+    delivered: list[tuple[str, int, int]] = []
+    for round_ in range(6):
+        if round_ % 2 == 0:  # every other probe finds nothing new
+            for name, partitions in zip(names, (4, 3), strict=True):
+                delivered += produce.send(name, _values(40), partition=lambda i, n=partitions: i % n)
+        started = time.monotonic()
+        upper = source.upper()
+        assert time.monotonic() - started < 2.0, f"probe {round_} waited for a partition"
+        assert {p: upper.offset(p) for p in upper.partitions()} == dict(Counter((t, p) for t, p, _ in delivered))
+    source.close()
 
 
 def test_splits_and_reads_give_every_offset_exactly_once_across_topics(broker, topic, produce):
@@ -357,7 +391,8 @@ def test_source_and_splits_are_picklable_and_drop_clients(broker, topic, produce
     source = _source(broker, topics=[name], format="json", schema=SCHEMA, group_id=f"g-{name}")
     upper = source.upper()
     source.commit(upper)
-    assert source._probe_client is not None
+    source._low_watermarks([(name, 0)])  # opens the long-lived driver client
+    assert source._probe_client is not None and source._commit_client is not None
     clone = pickle.loads(pickle.dumps(source))
     assert clone._probe_client is None and clone._commit_client is None
     splits = pickle.loads(pickle.dumps(source.splits(Frontier(), upper)))
