@@ -194,9 +194,16 @@ def _unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.Re
         columns = [
             pc.if_else(deleted, pc.struct_field(before, [i]), pc.struct_field(after, [i])) for i in range(len(names))
         ]
+        others = [n for n in batch.schema.names if n not in ("_partition", "_offset", "before", "after", "op")]
         return pa.RecordBatch.from_arrays(
-            [batch.column("_partition"), batch.column("_offset"), *columns, deleted],
-            names=["_partition", "_offset", *names, DELETED],
+            [
+                batch.column("_partition"),
+                batch.column("_offset"),
+                *columns,
+                *(batch.column(n) for n in others),
+                deleted,
+            ],
+            names=["_partition", "_offset", *names, *others, DELETED],
         )
     if batch.schema.get_field_index(DELETED) >= 0:
         return batch

@@ -64,8 +64,8 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError, DefiniteSourceError, TransientError
 from reclock.time import Frontier, Partition, decode_partition, encode_partition
-from sources.base import ERRORS, LINEAGE_FIELDS, Output, RecordError, SourceBase, Split, error_batch
-from sources.decode import Decoder, make_decoder
+from sources.base import ERRORS, LINEAGE_FIELDS, Output, RecordError, SourceBase, Split, debezium_schema, error_batch
+from sources.decode import Decoder, as_schema, make_decoder
 
 __all__ = [
     "METADATA_COLUMNS",
@@ -734,8 +734,8 @@ class KafkaSource(SourceBase):
                 *payload.columns,
                 *(column.take(take) for column in meta_columns),
             ]
-            schema = pa.schema([*LINEAGE_FIELDS, *route.output.schema])
-            assert schema.names == ["_partition", "_offset", *payload.schema.names, *names]
+            # The decoded payload (a debezium route's is the before/after/op wrapper), then metadata.
+            schema = pa.schema([*LINEAGE_FIELDS, *payload.schema, *(route.output.schema.field(n) for n in names)])
             yield route.name, pa.RecordBatch.from_arrays(columns, schema=schema)
         if faults:
             yield (
@@ -1026,9 +1026,15 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     catch_all = "topics" not in spec and "pattern" not in spec
     if catch_all:
         compiled = re.compile(".*", re.DOTALL)
+    envelope = spec.get("envelope", "append")
+    if envelope not in ("append", "upsert", "debezium"):
+        raise ConfigError(f"{where}.envelope", f"must be append, upsert or debezium, got {envelope!r}")
+    row_schema = as_schema(opts["schema"], field=f"{where}.format.schema")
+    if envelope == "debezium" and (opts["format"] != "json" or row_schema is None):
+        raise ConfigError(f"{where}.envelope", 'debezium needs format = "json" and the row\'s schema')
     decoder = make_decoder(
         opts["format"],
-        opts["schema"],
+        debezium_schema(row_schema) if envelope == "debezium" else opts["schema"],
         delimiter=opts["delimiter"],
         quote_char=opts["quote_char"],
         avro_schema=opts["avro_schema"],
@@ -1039,7 +1045,7 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     if key_format not in ("bytes", "text"):
         raise ConfigError(f"{where}.key_format", f"must be 'bytes' or 'text', got {key_format!r}")
     metadata = _check_metadata(opts["metadata"], f"{where}.metadata")
-    fields = list(decoder.schema)
+    fields = list(row_schema if envelope == "debezium" else decoder.schema)
     for meta, column in metadata:
         ftype = pa.string() if meta == "key" and key_format == "text" else METADATA_COLUMNS[meta]
         fields.append(pa.field(column, ftype))
@@ -1054,9 +1060,6 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     missing = [k for k in key if k not in names]
     if missing:
         raise ConfigError(f"{where}.key", f"key column {missing[0]!r} is not a column of the output")
-    envelope = spec.get("envelope", "append")
-    if envelope not in ("append", "upsert", "debezium"):
-        raise ConfigError(f"{where}.envelope", f"must be append, upsert or debezium, got {envelope!r}")
     output = Output(name, pa.schema(fields), key, envelope)
     return KafkaRoute(name, frozenset(route_topics), compiled, decoder, metadata, key_format, output)
 
