@@ -60,6 +60,7 @@ class PipelineConfig:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     status_retention_days: float = 7.0
     metrics_port: int | None = None
+    small_batch_offsets: int = 20_000
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say."""
@@ -74,7 +75,11 @@ class PipelineConfig:
         pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
         return {
             "pipeline": pipeline,
-            "spark": {"master": self.spark_master, "conf": dict(self.spark_conf)},
+            "spark": {
+                "master": self.spark_master,
+                "conf": dict(self.spark_conf),
+                "small_batch_offsets": self.small_batch_offsets,
+            },
             "source": dict(self.source),
         }
 
@@ -106,7 +111,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         "pipeline.",
         fail,
     )
-    _only(spark, {"master", "conf"}, "spark.", fail)
+    _only(spark, {"master", "conf", "small_batch_offsets"}, "spark.", fail)
 
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
     lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
@@ -131,6 +136,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     except ConfigError as exc:
         raise fail(f"pipeline.{exc.field}", str(exc).split(": ", 1)[1]) from None
     master = _typed(spark, "master", str, "spark.", fail, default="local[2]")
+    small = _typed(spark, "small_batch_offsets", int, "spark.", fail, default=20_000)
+    if small < 0:
+        raise fail("spark.small_batch_offsets", "must be >= 0 (0 sends every batch to Spark)")
     conf = spark.get("conf", {})
     if not isinstance(conf, Mapping):
         raise fail("spark.conf", "must be a table of Spark settings")
@@ -139,7 +147,16 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         raise fail("source.kind", f"must be one of {', '.join(sorted(_SOURCES))}, got {kind!r}")
     _check_source_options(kind, source, fail)
     config = PipelineConfig(
-        name, lake, source, settings, engine, master, {str(k): str(v) for k, v in conf.items()}, retention, metrics_port
+        name,
+        lake,
+        source,
+        settings,
+        engine,
+        master,
+        {str(k): str(v) for k, v in conf.items()},
+        retention,
+        metrics_port,
+        small,
     )
     from persist.lake import NAME_PATTERN
 

@@ -22,7 +22,7 @@ from typing import TextIO
 from persist.lake import Lake
 from persist.status_tables import StatusTables
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
-from reclock.dataplane import DataPlane, LocalDataPlane, SparkDataPlane
+from reclock.dataplane import AutoDataPlane, DataPlane, LocalDataPlane, SparkDataPlane
 from reclock.errors import ConfigError, ReclockError
 from reclock.health import Health
 from reclock.metrics import Metrics
@@ -289,7 +289,10 @@ def _data_plane(config: PipelineConfig) -> DataPlane:
         return LocalDataPlane()
     from reclock.spark import spark_session
 
-    return SparkDataPlane(spark_session(config.spark_master, config.spark_conf))
+    spark = SparkDataPlane(spark_session(config.spark_master, config.spark_conf))
+    if config.small_batch_offsets:
+        return AutoDataPlane(spark, small_batch_offsets=config.small_batch_offsets)
+    return spark
 
 
 def _on_signals(stop: threading.Event) -> dict[int, object]:

@@ -166,3 +166,24 @@ def test_drop_file_refuses_a_pipeline_that_reads_no_files(tmp_path, capsys):
     assert main(["create", str(write(tmp_path, GOOD))]) == 0
     assert main(["--lake", str(tmp_path / "lake"), "drop-file", "orders", "a.csv"]) == 2
     assert "drop-file applies to files pipelines" in capsys.readouterr().err
+
+
+def test_small_batches_run_in_the_driver_and_large_ones_on_the_other_plane(tmp_path):
+    from reclock.dataplane import AutoDataPlane, BatchPlan
+    from sources.base import Split
+
+    class Recording:
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def run(self, plan: BatchPlan, splits):
+            self.sizes.append(sum(s.end - s.start for s in splits))
+            return []
+
+    spark, local = Recording(), Recording()
+    plane = AutoDataPlane(spark, local, small_batch_offsets=1_000)
+    plane.run(None, [Split("p", 0, 400), Split("q", 0, 599)])
+    plane.run(None, [Split("p", 400, 1_400)])
+    assert local.sizes == [999] and spark.sizes == [1_000]
+    config = load_config(write(tmp_path, GOOD + "\n[spark]\nsmall_batch_offsets = 0\n"))
+    assert config.small_batch_offsets == 0
