@@ -286,3 +286,15 @@ def test_a_source_that_forgets_partitions_is_not_mistaken_for_a_recreated_one(tm
     source.hold(Frontier({1: 1}))  # partition 0 (a file, say) was deleted after it was loaded
     clock.ms = 20_000
     assert pipeline.step().binding_ts == 20_000  # time advances; nothing regresses, nothing fails
+
+
+def test_splits_pack_into_balanced_tasks_and_none_is_lost():
+    from reclock.dataplane import _pack
+    from sources.base import Split
+
+    splits = [Split(f"f{i}", 0, size) for i, size in enumerate([90, 10, 40, 40, 30, 30, 5, 5])]
+    groups = _pack(splits, 4)
+    assert len(groups) == 4 and sorted(s.partition for g in groups for s in g) == sorted(s.partition for s in splits)
+    loads = sorted(sum(s.end - s.start for s in g) for g in groups)
+    assert loads == [50, 50, 60, 90]  # largest first into the least loaded task
+    assert _pack(splits[:2], 4) == [[splits[0]], [splits[1]]]
