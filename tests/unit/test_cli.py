@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -93,7 +92,8 @@ def test_start_runs_a_bounded_pipeline_to_the_end_and_status_shows_it(tmp_path, 
     assert status["readable_upper"] == CLOSED_UPPER  # a finished pipeline holds no reader back
 
 
-def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
+def start_running_job(tmp_path) -> tuple[subprocess.Popen, object]:
+    """A real ``reclock start`` of a slow, long generator pipeline, once its first batch landed."""
     path = write(tmp_path, GOOD.replace("limit = 20000", "limit = 200000\nrate = 20000"))
     lake = tmp_path / "lake"
     assert main(["create", str(path)]) == 0
@@ -107,7 +107,12 @@ def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not (status_path.exists() and json.loads(status_path.read_text())["batches"]):
         time.sleep(0.05)
-    assert main(["--lake", str(lake), "stop", "orders"]) == 0
+    return job, status_path
+
+
+def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
+    job, status_path = start_running_job(tmp_path)
+    assert main(["--lake", str(tmp_path / "lake"), "stop", "orders"]) == 0
     assert job.wait(timeout=60) == 0, job.stderr.read()
     stopped = json.loads(status_path.read_text())
     assert stopped["health"] == "stopped" and not stopped["finished"]
@@ -115,21 +120,9 @@ def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
 
 
 def test_sigterm_stops_a_job_cleanly(tmp_path):
-    path = write(tmp_path, GOOD.replace("limit = 20000", "limit = 200000\nrate = 20000"))
-    lake = tmp_path / "lake"
-    assert main(["create", str(path)]) == 0
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "orders"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ},
-    )
-    status_path = lake / "orders" / "status.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not status_path.exists():
-        time.sleep(0.05)
+    job, status_path = start_running_job(tmp_path)
     job.terminate()
-    assert job.wait(timeout=60) == 0
+    assert job.wait(timeout=60) == 0, job.stderr.read()
     assert json.loads(status_path.read_text())["health"] == "stopped"
 
 
