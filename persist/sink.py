@@ -18,7 +18,6 @@ through.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 import uuid
@@ -213,27 +212,35 @@ def _label_upper(table: DeltaTable, app_id: str) -> IntoTime:
 
 
 def _stats_json(table: pa.Table) -> str:
-    """Delta add-action statistics, so readers (as-of reads on ``_into_ts`` above all) skip files."""
+    """Delta add-action statistics, so readers (as-of reads on ``_into_ts`` above all) skip files.
+
+    Statistics are a promise every reader trusts: a file is skipped when a predicate cannot hold
+    between ``minValues`` and ``maxValues``. So a column gets bounds only when they are exact and
+    representable in strict JSON: never for a float column holding ``NaN`` or ``±inf`` (JSON has no
+    such numbers, and a finite bound beside an infinite value would let readers skip rows that
+    match), never for long strings (they would bloat the log; exact bounds cannot be truncated), and
+    only for the types whose JSON form every reader parses the same way. ``allow_nan=False``
+    makes any slip an error in the task, which retries, instead of a log entry that bricks the
+    table. delta-rs computes statistics only for files it writes itself; its API for committing
+    files written elsewhere (``create_write_transaction``) takes them from the caller.
+    """
     mins: dict[str, object] = {}
     maxs: dict[str, object] = {}
     nulls: dict[str, int] = {}
     for name, column in zip(table.column_names, table.columns, strict=True):
         kind = column.type
-        if not (
-            pa.types.is_integer(kind)
-            or pa.types.is_floating(kind)
-            or pa.types.is_string(kind)
-            or pa.types.is_large_string(kind)
-        ):
+        floating = pa.types.is_float32(kind) or pa.types.is_float64(kind)
+        if not (pa.types.is_integer(kind) or floating or pa.types.is_string(kind) or pa.types.is_large_string(kind)):
             continue
         nulls[name] = column.null_count
         if table.num_rows == column.null_count:
             continue
+        if floating and not pc.all(pc.is_finite(column), skip_nulls=True).as_py():
+            continue
         bounds = pc.min_max(column)
         lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-        if isinstance(lo, float) and (math.isnan(lo) or math.isnan(hi)):
-            continue
         if isinstance(lo, str) and (len(lo) > _STAT_STRING_LIMIT or len(hi) > _STAT_STRING_LIMIT):
             continue
         mins[name], maxs[name] = lo, hi
-    return json.dumps({"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls})
+    stats = {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return json.dumps(stats, allow_nan=False)
