@@ -98,7 +98,9 @@ class Decoder:
         if self.format == "avro":
             import fastavro
 
-            reading = _strip_logical(_avro_json(self.avro_schema), "uuid")  # keep UUIDs as plain strings
+            reading = _avro_json(self.avro_schema)
+            for logical in _AVRO_RAW_LOGICAL:  # read as their plain Avro values: see _AVRO_LOGICAL
+                reading = _strip_logical(reading, logical)
             object.__setattr__(self, "_avro_parsed", fastavro.parse_schema(reading))
 
     def decode(self, values: Sequence[bytes | None], *, fail_fast: bool = False) -> Decoded:
@@ -664,10 +666,18 @@ _AVRO_PRIMITIVES: dict[str, pa.DataType] = {
     "string": pa.string(),
 }
 
+#: Logical types whose Arrow type is their plain Avro value. Delta has no time-of-day type, so
+#: ``time-millis`` stays milliseconds after midnight (int) and ``time-micros`` microseconds (long),
+#: as Spark's Avro reader maps them; UUIDs stay plain strings.
+_AVRO_RAW_LOGICAL = ("uuid", "time-millis", "time-micros")
+
+#: Delta's widest decimal: a wider Avro decimal has no lossless column type.
+_MAX_DECIMAL_PRECISION = 38
+
 _AVRO_LOGICAL: dict[tuple[str, str], pa.DataType] = {
     ("int", "date"): pa.date32(),
-    ("int", "time-millis"): pa.time32("ms"),
-    ("long", "time-micros"): pa.time64("us"),
+    ("int", "time-millis"): pa.int32(),
+    ("long", "time-micros"): pa.int64(),
     ("long", "timestamp-millis"): pa.timestamp("ms", tz="UTC"),
     ("long", "timestamp-micros"): pa.timestamp("us", tz="UTC"),
     ("long", "local-timestamp-millis"): pa.timestamp("ms"),
@@ -695,7 +705,11 @@ def _avro_type(node: Any, named: dict[str, Any], field: str) -> Any:
     logical = node.get("logicalType")
     if logical == "decimal" and kind in ("bytes", "fixed"):
         precision, scale = int(node["precision"]), int(node.get("scale", 0))
-        result: Any = pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
+        if precision > _MAX_DECIMAL_PRECISION:
+            raise ConfigError(
+                field, f"Avro decimal precision {precision} exceeds Delta's maximum of {_MAX_DECIMAL_PRECISION}"
+            )
+        result: Any = pa.decimal128(precision, scale)
     elif isinstance(kind, str) and (kind, logical) in _AVRO_LOGICAL:
         result = _AVRO_LOGICAL[(kind, logical)]
     elif kind == "record":

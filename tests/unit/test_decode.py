@@ -185,6 +185,24 @@ def test_avro_schema_maps_to_arrow():
     assert schema.field("kind").type == pa.string()
 
 
+def test_avro_time_of_day_decodes_to_integers_a_delta_table_can_hold(tmp_path):
+    """Delta has no time-of-day type: ``time-millis``/``time-micros`` stay ms/us after midnight."""
+    from deltalake import DeltaTable
+
+    schema = {
+        "type": "record",
+        "name": "T",
+        "fields": [
+            {"name": "ms", "type": {"type": "int", "logicalType": "time-millis"}},
+            {"name": "us", "type": {"type": "long", "logicalType": "time-micros"}},
+        ],
+    }
+    out = make_decoder("avro", avro_schema=schema).decode([_avro({"ms": 3_600_000, "us": 86_399_999_999}, schema)])
+    assert out.batch.schema.types == [pa.int32(), pa.int64()]
+    assert out.batch.to_pylist() == [{"ms": 3_600_000, "us": 86_399_999_999}]
+    DeltaTable.create(str(tmp_path / "t"), schema=out.batch.schema)
+
+
 def test_avro_good_and_malformed_values():
     dec = make_decoder("avro", avro_schema=AVRO)
     good = _avro({"id": 7, "item": "x", "ts": 1_700_000_000_000, "tags": ["a"], "kind": "B"})
@@ -228,6 +246,11 @@ def test_avro_primitive_schema_decodes_into_value_column():
         (("avro",), {}, "format.avro_schema"),
         (("avro",), {"avro_schema": {"type": "nonsense"}}, "format.avro_schema"),
         (("avro",), {"avro_schema": ["int", "string"]}, "format.avro_schema"),
+        (
+            ("avro",),
+            {"avro_schema": {"type": "bytes", "logicalType": "decimal", "precision": 40}},
+            "format.avro_schema",
+        ),
     ],
 )
 def test_invalid_decoder_config_names_the_field(args, kwargs, field):
