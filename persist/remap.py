@@ -29,6 +29,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from persist.read import read_table
+from persist.storage import lake_io
 from reclock.bindings import Bindings
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition
 
@@ -65,17 +66,26 @@ class RemapTable:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self._table = _open_or_create(self.path)
-        self._bindings, self._skips = _replay(self._table)
+        with lake_io("opening the remap table"):
+            self._table = _open_or_create(self.path)
+            self._bindings, self._skips = _replay(self._table)
+        self._unsure = False
 
     @property
     def bindings(self) -> Bindings:
-        """The view as of the last sync or mint; do not mint on it directly."""
+        """The view as of the last sync or mint; do not mint on it directly.
+
+        After a storage fault during a write the view is re-read before it is used again: the
+        commit may have landed before the fault (a failed checkpoint after it), and a view that
+        missed a durable binding would stamp records differently from every later replay.
+        """
+        self._settle()
         return self._bindings
 
     @property
     def skips(self) -> list[Skip]:
         """Every recorded skip, in binding order."""
+        self._settle()
         return list(self._skips)
 
     @property
@@ -84,9 +94,15 @@ class RemapTable:
 
     def sync(self) -> Bindings:
         """Catch up with whatever other writers committed since this view was read."""
-        self._table = DeltaTable(str(self.path))
-        self._bindings, self._skips = _replay(self._table)
+        with lake_io("reading the remap table"):
+            self._table = DeltaTable(str(self.path))
+            self._bindings, self._skips = _replay(self._table)
+        self._unsure = False
         return self._bindings
+
+    def _settle(self) -> None:
+        if self._unsure:
+            self.sync()
 
     def mint(self, time: IntoTime, frontier: Frontier) -> bool:
         """Make binding ``(time, frontier)`` durable, unless the table already holds an equal or
@@ -96,22 +112,25 @@ class RemapTable:
         handled, not assumed away.
         """
         while True:
-            view = self._bindings
+            view = self.bindings
             if time < view.upper or not view.frontier.less_equal(frontier) or view.is_closed:
                 return False
             rows = _binding_rows(time, view.frontier, frontier)
+            self._unsure = True
             try:
-                write_deltalake(
-                    self._table,
-                    rows,
-                    mode="append",
-                    commit_properties=CommitProperties(
-                        max_commit_retries=0, app_transactions=[Transaction(_APP_ID, time)]
-                    ),
-                )
+                with lake_io(f"minting binding {time} in the remap table"):
+                    write_deltalake(
+                        self._table,
+                        rows,
+                        mode="append",
+                        commit_properties=CommitProperties(
+                            max_commit_retries=0, app_transactions=[Transaction(_APP_ID, time)]
+                        ),
+                    )
             except CommitFailedError:
                 self.sync()
                 continue
+            self._unsure = False
             view.mint(time, frontier)
             return True
 
@@ -123,6 +142,7 @@ class RemapTable:
         """
         binding_ts = skips[0].binding_ts
         while True:
+            self._settle()
             existing = [s for s in self._skips if s.binding_ts == binding_ts]
             if existing:
                 return existing
@@ -137,13 +157,16 @@ class RemapTable:
                 },
                 schema=REMAP_SCHEMA,
             )
+            self._unsure = True
             try:
-                write_deltalake(
-                    self._table, rows, mode="append", commit_properties=CommitProperties(max_commit_retries=0)
-                )
+                with lake_io(f"recording skips of batch {binding_ts} in the remap table"):
+                    write_deltalake(
+                        self._table, rows, mode="append", commit_properties=CommitProperties(max_commit_retries=0)
+                    )
             except CommitFailedError:
                 self.sync()
                 continue
+            self._unsure = False
             self._skips.extend(skips)
             return list(skips)
 

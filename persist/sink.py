@@ -17,6 +17,7 @@ through.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -31,6 +32,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
+from persist.storage import lake_io
 from reclock.errors import FencedError
 from reclock.time import IntoTime
 
@@ -71,8 +73,15 @@ def write_data_file(root: str, output: str, table: pa.Table) -> DataFile:
     """
     name = f"part-{uuid.uuid4().hex}.snappy.parquet"
     full = os.path.join(root, name)
-    pq.write_table(table, full, compression="snappy")
-    return DataFile(output, name, os.path.getsize(full), table.num_rows, _stats_json(table))
+    stats = _stats_json(table)
+    with lake_io(f"writing a data file of output {output}"):
+        try:
+            pq.write_table(table, full, compression="snappy")
+            size = os.path.getsize(full)
+        except Exception:
+            _unlink(full)  # a half-written file on a full disk is nobody's: free its space now
+            raise
+    return DataFile(output, name, size, table.num_rows, stats)
 
 
 class OutputSink:
@@ -101,15 +110,16 @@ class OutputSink:
         self.staging = (
             None if envelope == "append" else Path(staging or self.path.parent / f".staging-{self.path.name}")
         )
-        if self.staging is not None:
-            self.staging.mkdir(parents=True, exist_ok=True)
-        if not (self.path / "_delta_log").is_dir():
-            try:
-                DeltaTable.create(str(self.path), schema=schema)
-            except Exception:
-                if not (self.path / "_delta_log").is_dir():
-                    raise
-        self._upper = _label_upper(DeltaTable(str(self.path)), app_id)
+        with lake_io(f"creating output table {self.path.name}"):
+            if self.staging is not None:
+                self.staging.mkdir(parents=True, exist_ok=True)
+            if not (self.path / "_delta_log").is_dir():
+                try:
+                    DeltaTable.create(str(self.path), schema=schema)
+                except Exception:
+                    if not (self.path / "_delta_log").is_dir():
+                        raise
+        self.refresh()
 
     @property
     def upper(self) -> IntoTime:
@@ -129,7 +139,9 @@ class OutputSink:
         return self.schema.append(pa.field(DELETED, pa.bool_(), nullable=False))
 
     def refresh(self) -> IntoTime:
-        self._upper = _label_upper(DeltaTable(str(self.path)), self.app_id)
+        """Re-read the label from the table: after a conflict, a fault, or another driver."""
+        with lake_io(f"reading output table {self.path.name}"):
+            self._upper = _label_upper(DeltaTable(str(self.path)), self.app_id)
         return self._upper
 
     def commit(self, files: list[DataFile], binding_ts: IntoTime, *, planned_upper: IntoTime | None = None) -> bool:
@@ -142,7 +154,8 @@ class OutputSink:
         are discarded and :class:`~reclock.errors.FencedError` tells the caller to re-plan.
         """
         planned = self._upper if planned_upper is None else planned_upper
-        table = DeltaTable(str(self.path))
+        with lake_io(f"reading output table {self.path.name}"):
+            table = DeltaTable(str(self.path))
         current = _label_upper(table, self.app_id)
         if current > binding_ts:
             self._upper = current
@@ -161,18 +174,8 @@ class OutputSink:
             custom_metadata={"reclock.into_ts": str(binding_ts)},
         )
         try:
-            if self.staging is not None and files:
-                self._merge(table, files, properties)
-                if _label_upper(DeltaTable(str(self.path)), self.app_id) <= binding_ts:
-                    # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
-                    table.create_write_transaction(
-                        [], mode="append", schema=table.schema(), commit_properties=properties
-                    )
-            else:
-                actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
-                table.create_write_transaction(
-                    actions, mode="append", schema=table.schema(), commit_properties=properties
-                )
+            with lake_io(f"committing batch {binding_ts} to output table {self.path.name}"):
+                self._write(table, files, properties, binding_ts, now_ms)
         except CommitFailedError as exc:
             self._discard(files)
             if self.refresh() > binding_ts:
@@ -182,6 +185,23 @@ class OutputSink:
             self._discard(files)
         self._upper = binding_ts + 1
         return True
+
+    def _write(
+        self, table: DeltaTable, files: list[DataFile], properties: CommitProperties, binding_ts: IntoTime, now_ms: int
+    ) -> None:
+        """The one commit of a batch: a MERGE of staged files, or an append of the tasks' files.
+
+        A storage fault here leaves the files in place: the commit may even have landed before a
+        post-commit step (a checkpoint) failed, and the retry's label check tells which.
+        """
+        if self.staging is not None and files:
+            self._merge(table, files, properties)
+            if _label_upper(DeltaTable(str(self.path)), self.app_id) <= binding_ts:
+                # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
+                table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
+        else:
+            actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
+            table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=properties)
 
     def _merge(self, table: DeltaTable, files: list[DataFile], properties: CommitProperties) -> None:
         """One MERGE of the latest staged record per key, on the snapshot the label was read from."""
@@ -203,7 +223,13 @@ class OutputSink:
 
     def _discard(self, files: list[DataFile]) -> None:
         for f in files:
-            (self.write_root / f.path).unlink(missing_ok=True)
+            _unlink(self.write_root / f.path)
+
+
+def _unlink(path: str | Path) -> None:
+    """Remove a file nobody references; on a read-only lake it stays an orphan for ``vacuum``."""
+    with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 def _label_upper(table: DeltaTable, app_id: str) -> IntoTime:

@@ -7,7 +7,7 @@ from "the source is broken for good" from "someone else owns this pipeline now".
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError", "TransientError"]
+__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError", "StorageError", "TransientError"]
 
 
 class ReclockError(Exception):
@@ -40,4 +40,14 @@ class TransientError(ReclockError):
 
     The pipeline stalls and retries with backoff for as long as it lasts; it never counts against
     ``max_retries`` and never makes a batch skip data, because the data itself is fine.
+    """
+
+
+class StorageError(TransientError):
+    """The lake's storage refused a read or write: a full disk, a read-only mount, lost permissions.
+
+    Transient by definition: the data is fine and nothing partial is visible (a Delta commit lands
+    whole or not at all), so the pipeline stalls with this message, which carries a hint for the
+    operator, and goes on exactly where it was once the storage accepts writes again. It must never
+    count as bad data, or a batch could be skipped because a disk was full.
     """

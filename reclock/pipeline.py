@@ -237,7 +237,14 @@ class Pipeline:
                 if data and attempts > self.settings.max_retries:
                     self._mark_stalled(exc)
                     observe(exc.report)
-                    self._skip(exc.report, attempts)
+                    try:
+                        self._skip(exc.report, attempts)
+                    except TransientError as fault:  # the lake refused the skip: retry the batch later
+                        stalls += 1
+                        self._mark_stalled(fault)
+                        observe(None)
+                        self._backoff(stop, stalls)
+                        continue
                     attempts = 0
                     continue
                 stalls += 1
