@@ -53,6 +53,10 @@ class Lake:
     def control_dir(self, pipeline: str) -> Path:
         return self.pipeline_dir(pipeline) / "control"
 
+    def job_lock_path(self, pipeline: str) -> Path:
+        """Held (``flock``) by the running job for its whole life; the OS releases it on death."""
+        return self.control_dir(pipeline) / "job.lock"
+
     def status_path(self, pipeline: str) -> Path:
         return self.pipeline_dir(pipeline) / "status.json"
 

@@ -25,7 +25,7 @@ from reclock import job
 from reclock.config import load_config
 from reclock.errors import ConfigError, ReclockError
 from reclock.health import Health
-from reclock.status import read_status
+from reclock.status import DEAD, read_status
 from sources.base import ERRORS
 
 __all__ = ["main"]
@@ -215,7 +215,7 @@ def _stop(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.wait
     while time.monotonic() < deadline:
         status = read_status(lake, args.name) or {}
-        if status.get("health") in (Health.STOPPED.value, Health.FAILED.value):
+        if status.get("health") in (Health.STOPPED.value, Health.FAILED.value, DEAD):
             print(f"pipeline {args.name!r} is {status['health']}")
             return 0
         time.sleep(0.2)

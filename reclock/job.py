@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import signal
 import threading
@@ -23,14 +24,16 @@ from persist.lake import Lake
 from persist.status_tables import StatusTables
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import AutoDataPlane, DataPlane, LocalDataPlane, SparkDataPlane
-from reclock.errors import ConfigError, ReclockError
+from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.health import Health
 from reclock.metrics import Metrics
 from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
-from reclock.status import Status, write_status
+from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.time import encode_partition
 
 __all__ = ["create", "drop_file", "load", "request_stop", "run"]
+
+log = logging.getLogger("reclock.job")
 
 
 def create(config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms) -> Path:
@@ -107,10 +110,12 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     stop_file = lake.control_dir(name) / "stop"
     stop_file.unlink(missing_ok=True)
     handlers = _on_signals(stop)
-    watcher = threading.Thread(target=_watch, args=(stop_file, stop, max_seconds), daemon=True)
-    watcher.start()
     pipeline = Pipeline(name, lake, source, data_plane=_data_plane(config), settings=config.settings)
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
+    watcher = threading.Thread(
+        target=_watch, args=(stop_file, stop, max_seconds, lambda: _heartbeat(lake, status)), daemon=True
+    )
+    watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
     _record_state(tables, pipeline, config_json)
@@ -265,22 +270,22 @@ def _exclusive(lake: Lake, name: str) -> TextIO:
     """Hold the pipeline's job lock for this process's lifetime (the OS drops it if we die).
 
     Only one driver may run a pipeline; the sinks fence a second one anyway (on any machine), but
-    refusing it up front on the same machine gives a clear message instead of a stalled job.
+    refusing it up front on the same machine gives a clear message instead of a stalled job. The
+    lock is held on a read-only descriptor (``flock`` does not need write access) and the holder's
+    pid written through another, short-lived one, so a running job keeps no lake file open for
+    writing between its writes: an operator can remount the lake read-only, and the job stalls.
     """
-    control = lake.control_dir(name)
-    control.mkdir(parents=True, exist_ok=True)
-    handle = open(control / "job.lock", "a+")  # noqa: SIM115 - held open on purpose until the job ends
+    path = lake.job_lock_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    handle = open(path)  # noqa: SIM115 - held open on purpose until the job ends
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
         raise ReclockError(f"pipeline {name!r} is already running ({holder}); stop it first") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"pid {os.getpid()}")
-    handle.flush()
+    path.write_text(f"pid {os.getpid()}")
     return handle
 
 
@@ -304,22 +309,49 @@ def _on_signals(stop: threading.Event) -> dict[int, object]:
     return previous
 
 
-def _watch(stop_file: Path, stop: threading.Event, max_seconds: float | None) -> None:
+def _watch(stop_file: Path, stop: threading.Event, max_seconds: float | None, beat: Callable[[], None]) -> None:
+    """Stop on request or deadline; keep the status snapshot fresh while a batch or backoff runs."""
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    next_beat = time.monotonic() + HEARTBEAT_S
     while not stop.wait(0.2):
         if stop_file.exists() or (deadline is not None and time.monotonic() > deadline):
             stop.set()
+        if time.monotonic() >= next_beat:
+            beat()
+            next_beat = time.monotonic() + HEARTBEAT_S
+
+
+_status_lock = threading.Lock()
+
+
+def _heartbeat(lake: Lake, status: Status) -> None:
+    """Re-stamp the last snapshot as of now: the job is alive and can still write the lake."""
+    with _status_lock:
+        try:
+            status.updated_ms = wall_clock_ms()
+            write_status(lake, status)
+        except OSError as exc:
+            log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
 
 
 def _publish(lake: Lake, pipeline: Pipeline, status: Status) -> None:
-    status.health = pipeline.health.value
-    status.finished = pipeline.finished
-    status.last_error = pipeline.last_error
-    status.resume_upper = pipeline.resume_upper
-    status.resume_frontier = pipeline.resume_frontier().to_json()
-    status.bindings = len(pipeline.remap.bindings)
-    status.updated_ms = wall_clock_ms()
-    write_status(lake, status)
+    """Write the status snapshot; a lake that refuses it must not end the job (see StorageError).
+
+    The snapshot is observability: the next publish after the storage recovers repairs it, and
+    readers never trust a stale ``running`` anyway (:func:`reclock.status.read_status`).
+    """
+    with _status_lock:
+        try:
+            status.health = pipeline.health.value
+            status.finished = pipeline.finished
+            status.last_error = pipeline.last_error
+            status.resume_upper = pipeline.resume_upper
+            status.resume_frontier = pipeline.resume_frontier().to_json()
+            status.bindings = len(pipeline.remap.bindings)
+            status.updated_ms = wall_clock_ms()
+            write_status(lake, status)
+        except (OSError, StorageError) as exc:
+            log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
 
 
 def _progress_line(out: TextIO, pipeline: Pipeline, status: Status, elapsed: float) -> None:

@@ -1,19 +1,39 @@
 """The status snapshot a running job publishes after every batch, for ``reclock status``.
 
 Written atomically (write a temporary file, then rename) so a reader never sees half a snapshot.
+A snapshot is a claim made in the past: a job killed by SIGKILL, the OOM killer or a power cut
+leaves one that still says ``running``. So :func:`read_status` believes a live health only while
+the job's lock is held, which the operating system releases the moment the process dies, and
+otherwise reports ``dead``. A live job rewrites its snapshot at least every :data:`HEARTBEAT_S`
+seconds, batch or no batch; one older than :data:`STALE_AFTER_S` means the job cannot write the
+lake (full, read-only), so the reader reports ``stalled`` with that hint instead of the claim.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from persist.lake import Lake
 
-__all__ = ["Status", "read_status", "write_status"]
+__all__ = ["DEAD", "Status", "job_alive", "read_status", "write_status"]
+
+#: The health ``read_status`` reports for a job that died without publishing a final status.
+DEAD = "dead"
+
+_LIVE = ("starting", "running", "stalled")
+
+#: Seconds between two status writes of a live job, even in a long batch or a long backoff.
+HEARTBEAT_S = 5.0
+
+#: A live job's snapshot older than this cannot be trusted: the job could not write it.
+STALE_AFTER_S = 4 * HEARTBEAT_S
 
 
 @dataclass
@@ -41,8 +61,43 @@ def write_status(lake: Lake, status: Status) -> None:
     os.replace(tmp, path)
 
 
-def read_status(lake: Lake, pipeline: str) -> dict[str, Any] | None:
+def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict[str, Any] | None:
+    """The latest snapshot, with a live health only if its job still runs (see the module doc)."""
     try:
-        return json.loads(lake.status_path(pipeline).read_text())
+        status = json.loads(lake.status_path(pipeline).read_text())
     except FileNotFoundError:
         return None
+    if status.get("health") not in _LIVE:
+        return status
+    earlier = f"; last error: {status['last_error']}" if status.get("last_error") else ""
+    if not job_alive(lake, pipeline):
+        status["last_error"] = (
+            f"the job (pid {status.get('pid')}) ended without a final status while {status['health']}{earlier}; "
+            "start it again to resume"
+        )
+        status["health"] = DEAD
+        return status
+    age = ((time.time() * 1000 if now_ms is None else now_ms) - status.get("updated_ms", 0)) / 1000
+    if age > STALE_AFTER_S:
+        status["last_error"] = (
+            f"the job (pid {status.get('pid')}) has not updated its status for {age:.0f} s: it cannot write the "
+            f"lake (full disk? read-only?); see its log{earlier}"
+        )
+        status["health"] = "stalled"
+    return status
+
+
+def job_alive(lake: Lake, pipeline: str) -> bool:
+    """Whether a process holds the pipeline's job lock now (on a lake this machine's kernel locks)."""
+    try:
+        handle = open(lake.job_lock_path(pipeline))  # noqa: SIM115 - closed below, lock or not
+    except FileNotFoundError:
+        return False
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        with contextlib.suppress(OSError):
+            fcntl.flock(handle, fcntl.LOCK_UN)
+        return False
