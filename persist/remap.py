@@ -21,14 +21,17 @@ frontier (Materialize #12600: never rebind what is already bound).
 
 from __future__ import annotations
 
+import time as wall_time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
+from deltalake.transaction import AddAction
 
 from persist.read import read_table
+from persist.sink import write_data_file
 from persist.storage import lake_io
 from reclock.bindings import Bindings
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition
@@ -119,14 +122,7 @@ class RemapTable:
             self._unsure = True
             try:
                 with lake_io(f"minting binding {time} in the remap table"):
-                    write_deltalake(
-                        self._table,
-                        rows,
-                        mode="append",
-                        commit_properties=CommitProperties(
-                            max_commit_retries=0, app_transactions=[Transaction(_APP_ID, time)]
-                        ),
-                    )
+                    self._append(rows, [Transaction(_APP_ID, time)])
             except CommitFailedError:
                 self.sync()
                 continue
@@ -160,15 +156,31 @@ class RemapTable:
             self._unsure = True
             try:
                 with lake_io(f"recording skips of batch {binding_ts} in the remap table"):
-                    write_deltalake(
-                        self._table, rows, mode="append", commit_properties=CommitProperties(max_commit_retries=0)
-                    )
+                    self._append(rows, [])
             except CommitFailedError:
                 self.sync()
                 continue
             self._unsure = False
             self._skips.extend(skips)
             return list(skips)
+
+    def _append(self, rows: pa.Table, labels: list[Transaction]) -> None:
+        """Commit ``rows`` as one file at exactly the next version of the view's snapshot, or fail.
+
+        ``max_commit_retries=0`` makes the commit land at the version after the one the view was
+        built from, or raise :class:`CommitFailedError` (the compare). The snapshot then advances
+        by exactly that one version, incrementally, so the next compare is against our own commit
+        and never silently against another writer's, and a mint costs the same at any age.
+        """
+        version = self._table.version()
+        data = write_data_file(str(self.path), "remap", rows)
+        self._table.create_write_transaction(
+            [AddAction(data.path, data.size, {}, int(wall_time.time() * 1000), True, data.stats)],
+            mode="append",
+            schema=self._table.schema(),
+            commit_properties=CommitProperties(max_commit_retries=0, app_transactions=labels),
+        )
+        self._table.load_as_version(version + 1)
 
 
 def _open_or_create(path: Path) -> DeltaTable:

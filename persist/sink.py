@@ -8,7 +8,8 @@ so its into-time upper is ``T + 1``. A batch with no rows for an output still co
 otherwise a quiet output would hold back every consistent read and every resume.
 
 delta-rs records the label but does not skip a replay itself, so the sink reads
-``transaction_version`` and commits on the *same* snapshot: a replay of a committed batch is
+``transaction_version`` and commits on the *same* snapshot (kept open for the sink's life and
+advanced incrementally before each commit, so a commit does not reload the table from scratch): a replay of a committed batch is
 skipped before it writes anything, and a racing writer that slips in between makes our commit
 fail with a conflict (same app id), after which we re-check and adopt. Never set
 ``delta.setTransactionRetentionDuration`` on these tables: expired labels would let a late replay
@@ -119,6 +120,7 @@ class OutputSink:
                 except Exception:
                     if not (self.path / "_delta_log").is_dir():
                         raise
+            self._table = DeltaTable(str(self.path))
         self.refresh()
 
     @property
@@ -141,7 +143,8 @@ class OutputSink:
     def refresh(self) -> IntoTime:
         """Re-read the label from the table: after a conflict, a fault, or another driver."""
         with lake_io(f"reading output table {self.path.name}"):
-            self._upper = _label_upper(DeltaTable(str(self.path)), self.app_id)
+            self._table.update_incremental()
+        self._upper = _label_upper(self._table, self.app_id)
         return self._upper
 
     def commit(self, files: list[DataFile], binding_ts: IntoTime, *, planned_upper: IntoTime | None = None) -> bool:
@@ -155,7 +158,8 @@ class OutputSink:
         """
         planned = self._upper if planned_upper is None else planned_upper
         with lake_io(f"reading output table {self.path.name}"):
-            table = DeltaTable(str(self.path))
+            self._table.update_incremental()
+        table = self._table
         current = _label_upper(table, self.app_id)
         if current > binding_ts:
             self._upper = current
@@ -196,7 +200,8 @@ class OutputSink:
         """
         if self.staging is not None and files:
             self._merge(table, files, properties)
-            if _label_upper(DeltaTable(str(self.path)), self.app_id) <= binding_ts:
+            table.update_incremental()
+            if _label_upper(table, self.app_id) <= binding_ts:
                 # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
         else:
