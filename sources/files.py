@@ -494,7 +494,7 @@ class FilesSource(SourceBase):
         now_ms = int(self._now()) if self.settle_seconds > 0 else 0
         out = []
         for f in listed:
-            upper = f.size if f.format != "parquet" else self._parquet_upper(f)
+            upper = f.size if f.format != "parquet" else self._parquet_upper(f, warn=False)
             why = None if upper else "empty file" if f.size == 0 else "no rows"
             generation = generations.get(f.relative, 0)
             out.append(ListedFile(f.relative, generation, upper, self._settling(f, now_ms), why))
@@ -589,8 +589,12 @@ class FilesSource(SourceBase):
             )
         return data
 
-    def _parquet_upper(self, f: _Listed) -> int:
-        """Row count from the footer (cached per file version); 1 if the footer cannot be read."""
+    def _parquet_upper(self, f: _Listed, *, warn: bool = True) -> int:
+        """Row count from the footer (cached per file version); 1 if the footer cannot be read.
+
+        The probe warns about an unreadable footer once per file version; :meth:`listing` (asked
+        by the CLI) stays quiet: the file's read fails visibly when its batch runs.
+        """
         if f.size == 0:
             return 0
         key = (f.path, f.size, f.mtime_ns)
@@ -599,6 +603,8 @@ class FilesSource(SourceBase):
                 with _open_regular(f.path) as handle:
                     self._footers[key] = pq.read_metadata(handle).num_rows
             except (OSError, ValueError, pa.ArrowException) as exc:
+                if not warn:
+                    return _UNREADABLE_PARQUET_UPPER  # not cached: the probe still warns once
                 log.warning("cannot read the Parquet footer of %s (%s); it will fail when read", f.path, exc)
                 self._footers[key] = None
         rows = self._footers[key]
