@@ -12,8 +12,7 @@ catch-up. Only when every output is current does it move on:
    the pending bindings up to ``hi`` (as many as fit in ``max_batch``, at least one);
 4. **write**: the data plane reads ``splits(lower, R(hi))``, stamps, drops what an output already
    holds and writes parquet files;
-5. **commit** each output once, labelled ``hi``, ``_errors`` first; an output that already holds
-   ``hi`` is skipped;
+5. **commit** each output once, labelled ``hi``; an output that already holds ``hi`` is skipped;
 6. **resume**: the resume frontier ``R(min_e upper_e - 1)`` goes to ``source.commit`` (advisory).
 
 A crash anywhere leaves durable bindings and some outputs ahead of others; the next step simply
@@ -348,13 +347,11 @@ class Pipeline:
         if skips:
             files += self._skipped_rows(plan, skips)
         self._on_step("written")
-        # Step 5: commit each output once, ``_errors`` first: then an output that holds the batch
-        # implies its bad records are durable too (a files pipeline's file whose rows show is Loaded).
+        # Step 5: commit each output once.
         by_output: dict[str, list[DataFile]] = {name: [] for name in self.sinks}
         for f in files:
             by_output[f.output].append(f)
-        for name in sorted(self.sinks, key=lambda output: output != ERRORS):
-            sink = self.sinks[name]
+        for name, sink in self.sinks.items():
             if sink.upper <= hi:
                 sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
             self._on_step(f"committed:{name}")
