@@ -2,12 +2,15 @@
 
 A file partition ``(path, generation)`` (see :mod:`sources.files`) is in exactly one state:
 
-* **Loaded**: it is bound, and every output holds its binding: the resume frontier
-  ``R(resume_upper - 1)`` reaches the upper it was bound at. A file is always bound whole, so
-  all its rows (and ``_errors`` rows) are in the outputs.
+* **Loaded**: it is bound, and the source's outputs hold its binding: ``R(loaded_upper - 1)``
+  reaches the upper it was bound at, where ``loaded_upper`` is the least upper over the source's
+  own outputs. A file is always bound whole, so all its rows are in the output. ``_errors`` is
+  left out on purpose: it commits right after the data outputs, so a crash between the two leaves
+  rows visible whose batch some output lacks; the next start completes ``_errors`` (its bad lines)
+  without touching the rows, and the file was Loaded all along.
 * **Skipped**: a skip recorded in the remap table covers it: its batch failed ``max_retries``
   times with ``stop_on_error = false``. The skip is durable before the batch commits anything.
-* **Unloaded**: listed now but not bound yet, or bound in a batch that some output does not hold
+* **Unloaded**: listed now but not bound yet, or bound in a batch that its output does not hold
   yet (a batch in flight, or one cut short by a crash, which the next start completes).
 * **Ignored**: listed, but the source never reads it (a dangling link, a link out of the
   directory, a FIFO, an empty file: see :meth:`sources.files.FilesSource.listing`).
@@ -17,9 +20,9 @@ are what exactly-once rests on, each written in the same durable step as the dat
 so states derived from them can never disagree with the outputs, whenever a job was killed. The
 ``files`` status table stays as a history log, caught up from this derivation when a job starts.
 
-Reads are ordered so that a concurrent job can only make a state look *older*: the outputs'
-labels are read before the bindings, so a file is never called Loaded before its rows are
-durable in every output.
+Reads are ordered so that a concurrent job can only make a state look *older*: the output's
+label is read before the bindings, so a file is never called Loaded before its rows are
+durable in the output.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from persist.lake import Lake, sink_id
 from persist.remap import RemapTable, Skip
 from reclock.bindings import Bindings
 from reclock.time import IntoTime, Partition
-from sources.base import ERRORS
 from sources.files import FilesSource, ListedFile
 
 __all__ = ["FileState", "FileStatus", "derive_file_states", "drop_refusal", "read_file_states"]
@@ -65,13 +67,13 @@ class FileStatus:
 
 
 def derive_file_states(
-    bindings: Bindings, skips: Iterable[Skip], resume_upper: IntoTime, listing: Iterable[ListedFile] | None
+    bindings: Bindings, skips: Iterable[Skip], loaded_upper: IntoTime, listing: Iterable[ListedFile] | None
 ) -> list[FileStatus]:
     """The state of every bound or listed file partition, newest first.
 
-    ``bindings`` and ``skips`` are the remap table's, ``resume_upper`` the least upper over all
-    outputs (``_errors`` included), ``listing`` what the source lists now (``None``: unknown, so
-    only bound partitions are reported). Newest first: unbound files (by path), then bound ones
+    ``bindings`` and ``skips`` are the remap table's, ``loaded_upper`` the least upper over the
+    source's own outputs (``_errors`` left out), ``listing`` what the source lists now (``None``:
+    unknown, so only bound partitions are reported). Newest first: unbound files (by path), then bound ones
     by binding time, latest first.
     """
     skipped: dict[Partition, list[str]] = {}
@@ -79,7 +81,7 @@ def derive_file_states(
         skipped.setdefault(skip.partition, []).append(skip.reason)
     listed = {(f.path, f.generation): f for f in listing or ()}
     bound = bindings.frontier
-    resume = bindings.source_upper_at(resume_upper)
+    loaded = bindings.source_upper_at(loaded_upper)
     bound_partitions = [p for p in bound.partitions() if _is_file(p)]
     latest: dict[str, int] = {}
     for path, generation in [*bound_partitions, *listed]:
@@ -92,11 +94,11 @@ def derive_file_states(
         if partition in skipped:
             state = FileState.SKIPPED
             notes += skipped[partition]
-        elif resume.offset(partition) >= upper:
+        elif loaded.offset(partition) >= upper:
             state = FileState.LOADED
         else:
             state = FileState.UNLOADED
-            notes.append("bound in a batch that is not yet in every output")
+            notes.append("bound in a batch that is not in the output yet")
         entry = listed.get(partition)
         if latest[path] > generation:
             notes.append(f"dropped: generation {latest[path]} replaces it")
@@ -127,15 +129,14 @@ def read_file_states(lake: Lake, pipeline: str, source: FilesSource) -> list[Fil
 
     Read-only: a pipeline that never started has no tables, and none are created.
     """
-    outputs = [output.name for output in source.outputs()] + [ERRORS]
-    resume_upper = min(_output_upper(lake, pipeline, output) for output in outputs)  # first: see the module doc
+    loaded_upper = min(_output_upper(lake, pipeline, o.name) for o in source.outputs())  # first: see the module doc
     path = lake.remap_path(pipeline)
     if (path / "_delta_log").is_dir():
         remap = RemapTable(path)
         bindings, skips = remap.bindings, remap.skips
     else:
         bindings, skips = Bindings(), []
-    return derive_file_states(bindings, skips, resume_upper, source.listing())
+    return derive_file_states(bindings, skips, loaded_upper, source.listing())
 
 
 def drop_refusal(states: Iterable[FileStatus], path: str, generation: int) -> str | None:
@@ -156,7 +157,7 @@ def drop_refusal(states: Iterable[FileStatus], path: str, generation: int) -> st
     if current.state is FileState.IGNORED:
         return f"is ignored ({current.reason})"
     if current.into_ts is not None:
-        return "is in a batch that is not yet in every output; drop it once it is Loaded"
+        return "is in a batch that is not in the output yet; drop it once it is Loaded"
     return "has not loaded it yet"
 
 

@@ -229,7 +229,8 @@ def _restore_file_history(lake: Lake, tables: StatusTables, pipeline: Pipeline) 
         for r in read_status_table(lake, "files", pipeline.name).select(["path", "generation", "state"]).to_pylist()
     }
     since = wall_clock_ms() - tables.retention_ms
-    derived = derive_file_states(pipeline.remap.bindings, pipeline.remap.skips, pipeline.resume_upper, None)
+    loaded_upper = min(pipeline.sinks[o.name].upper for o in pipeline.source.outputs())
+    derived = derive_file_states(pipeline.remap.bindings, pipeline.remap.skips, loaded_upper, None)
     tables.append(
         "files",
         [
