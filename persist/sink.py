@@ -9,9 +9,10 @@ otherwise a quiet output would hold back every consistent read and every resume.
 
 delta-rs records the label but does not skip a replay itself, so the sink reads
 ``transaction_version`` and commits on the *same* snapshot (kept open for the sink's life and
-advanced incrementally before each commit, so a commit does not reload the table from scratch): a replay of a committed batch is
-skipped before it writes anything, and a racing writer that slips in between makes our commit
-fail with a conflict (same app id), after which we re-check and adopt. Never set
+advanced incrementally before each commit, so a commit does not reload the table from scratch):
+a replay of a committed batch is skipped before it writes anything, and a racing writer that
+slips in between makes our commit fail with a conflict (same app id), after which we re-check and
+adopt. Never set
 ``delta.setTransactionRetentionDuration`` on these tables: expired labels would let a late replay
 through.
 """

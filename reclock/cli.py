@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
 
     for name, about in (
         ("batches", "the latest batches of a pipeline, one row per batch partition"),
-        ("files", "the state of every file a files pipeline has seen (Loaded, Skipped)"),
+        ("files", "every file of a files pipeline and its state (Unloaded, Loaded, Skipped, Ignored)"),
         ("errors", "bad records, skipped ranges and failed batch attempts of a pipeline"),
     ):
         table = commands.add_parser(name, help=about)
@@ -123,16 +123,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _drop_file(args: argparse.Namespace) -> int:
-    lake = Lake.at(args.lake)
-    config, _ = job.load(lake, args.name)
-    if config.source["kind"] != "files":
-        raise ConfigError(
-            "source.kind", f"drop-file applies to files pipelines; {args.name!r} reads {config.source['kind']}"
-        )
-    known = set(read_status_table(lake, "files", args.name).column("path").to_pylist())
-    if args.path not in known:
-        raise ConfigError("path", f"pipeline {args.name!r} has not loaded or skipped {args.path!r} (see reclock files)")
-    generation = job.drop_file(lake, args.name, args.path)
+    generation = job.drop_file(Lake.at(args.lake), args.name, args.path)
     print(
         f"dropped {args.path!r} from pipeline {args.name!r}: the next batch ingests it again (generation {generation})"
     )
@@ -152,23 +143,22 @@ _COLUMNS = {
         "duration_ms",
         "error",
     ],
-    "files": ["path", "generation", "size", "state", "batch_id", "time_ms"],
+    "files": ["path", "generation", "size", "state", "into_ts", "reason"],
     "errors": ["time_ms", "kind", "code", "message", "batch_id", "partition", "offset"],
 }
 
 
 def _show_table(args: argparse.Namespace) -> int:
     lake = Lake.at(args.lake)
-    job.load(lake, args.name)
-    rows = read_status_table(lake, args.table, args.name).to_pylist()
     if args.table == "files":
-        latest = {}
-        for row in rows:
-            latest[(row["path"], row["generation"])] = row
-        rows = sorted(latest.values(), key=lambda r: r["time_ms"])
-    if args.table == "errors":
-        rows = sorted(rows + _record_errors(lake, args.name), key=lambda r: r["time_ms"] or 0)
-    rows = rows[::-1][: args.limit or None]
+        rows = [asdict(s) for s in job.file_states(lake, args.name)]  # derived from the lake, newest first
+    else:
+        job.load(lake, args.name)
+        rows = read_status_table(lake, args.table, args.name).to_pylist()
+        if args.table == "errors":
+            rows = sorted(rows + _record_errors(lake, args.name), key=lambda r: r["time_ms"] or 0)
+        rows = rows[::-1]
+    rows = rows[: args.limit or None]
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0

@@ -21,17 +21,20 @@ from pathlib import Path
 from typing import TextIO
 
 from persist.lake import Lake
-from persist.status_tables import StatusTables
+from persist.status_tables import StatusTables, read_status_table
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import AutoDataPlane, DataPlane, LocalDataPlane, SparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
+from reclock.file_states import FileState, FileStatus, derive_file_states, drop_refusal, read_file_states
 from reclock.health import Health
 from reclock.metrics import Metrics
 from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
 from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.time import encode_partition
+from sources.base import Source
+from sources.files import FilesSource
 
-__all__ = ["create", "drop_file", "load", "request_stop", "run"]
+__all__ = ["create", "drop_file", "file_states", "load", "request_stop", "run"]
 
 log = logging.getLogger("reclock.job")
 
@@ -75,21 +78,68 @@ def request_stop(lake: Lake, name: str) -> None:
     (control / "stop").touch()
 
 
+def file_states(lake: Lake, name: str) -> list[FileStatus]:
+    """Every file a files pipeline has bound or lists now, with its state (none for other sources).
+
+    Derived from the lake and the directory each time (see :mod:`reclock.file_states`), so it is
+    right after any crash, whether or not a job is running.
+    """
+    config, created_at = load(lake, name)
+    if config.source["kind"] != "files":
+        return []
+    return read_file_states(lake, name, _files_source(lake, name, config, created_at))
+
+
 def drop_file(lake: Lake, name: str, path: str) -> int:
     """Forget a Loaded or Skipped file so the next batch ingests it again, as new data.
 
     The file becomes a new partition ``(path, generation + 1)``: its earlier rows stay where they
-    are (they were correct when loaded), and the new generation starts at offset 0.
+    are (they were correct when loaded), and the new generation starts at offset 0. Any other
+    state is refused with a :class:`ConfigError` naming ``path`` (see
+    :func:`reclock.file_states.drop_refusal`). The generations file is replaced atomically and
+    synced, so a drop, once returned, survives a crash.
     """
-    load(lake, name)
-    generations_path = generations_file(lake, name)
-    generations = json.loads(generations_path.read_text()) if generations_path.exists() else {}
+    config, created_at = load(lake, name)
+    if config.source["kind"] != "files":
+        raise ConfigError(
+            "source.kind", f"drop-file applies to files pipelines; {name!r} reads {config.source['kind']}"
+        )
+    source = _files_source(lake, name, config, created_at)
+    generations = source.generations()
+    why = drop_refusal(read_file_states(lake, name, source), path, generations.get(path, 0))
+    if why is not None:
+        raise ConfigError("path", f"pipeline {name!r} cannot drop {path!r}: it {why} (see reclock files)")
     generations[path] = generations.get(path, 0) + 1
+    generations_path = generations_file(lake, name)
     generations_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = generations_path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(generations, indent=1, sort_keys=True))
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(generations, indent=1, sort_keys=True))
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, generations_path)
+    directory = os.open(generations_path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
     return generations[path]
+
+
+def _source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
+    """The stored pipeline's source, built the same way for the job and for the CLI's questions."""
+    return build_source(
+        config,
+        created_at_ms=created_at,
+        file=str(lake.definition_path(name)),
+        generations_path=str(generations_file(lake, name)),
+    )
+
+
+def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> FilesSource:
+    source = _source(lake, name, config, created_at)
+    assert isinstance(source, FilesSource), f"a files pipeline built {source!r}"
+    return source
 
 
 def generations_file(lake: Lake, name: str) -> Path:
@@ -100,12 +150,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
     config, created_at = load(lake, name)
     lock = _exclusive(lake, name)
-    source = build_source(
-        config,
-        created_at_ms=created_at,
-        file=str(lake.definition_path(name)),
-        generations_path=str(generations_file(lake, name)),
-    )
+    source = _source(lake, name, config, created_at)
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
     stop_file.unlink(missing_ok=True)
@@ -119,6 +164,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     tables = StatusTables(lake, retention_days=config.status_retention_days)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
     _record_state(tables, pipeline, config_json)
+    _restore_file_history(lake, tables, pipeline)
     started = time.monotonic()
     first_offsets: dict[str, int] = {}
     last_health = [pipeline.health]
@@ -171,6 +217,40 @@ def _record_state(tables: StatusTables, pipeline: Pipeline, config_json: str) ->
                 "config": config_json,
                 "last_error": pipeline.last_error,
             }
+        ],
+    )
+
+
+def _restore_file_history(lake: Lake, tables: StatusTables, pipeline: Pipeline) -> None:
+    """Append the ``files`` rows that a killed job never flushed, so the history log catches up.
+
+    The rows are derived from the lake (Loaded and Skipped files, as :mod:`reclock.file_states`
+    says), only for files bound within the retention, and only when the log lacks that state.
+    """
+    if not getattr(pipeline.source, "is_file_source", False):
+        return
+    recorded = {
+        (r["path"], r["generation"], r["state"])
+        for r in read_status_table(lake, "files", pipeline.name).select(["path", "generation", "state"]).to_pylist()
+    }
+    since = wall_clock_ms() - tables.retention_ms
+    loaded_upper = min(pipeline.sinks[o.name].upper for o in pipeline.source.outputs())
+    derived = derive_file_states(pipeline.remap.bindings, pipeline.remap.skips, loaded_upper, None)
+    tables.append(
+        "files",
+        [
+            {
+                "pipeline": pipeline.name,
+                "path": s.path,
+                "generation": s.generation,
+                "size": s.size,
+                "state": s.state.value,
+                "batch_id": s.into_ts,
+            }
+            for s in reversed(derived)
+            if s.state in (FileState.LOADED, FileState.SKIPPED)
+            and (s.into_ts or 0) >= since
+            and (s.path, s.generation, s.state.value) not in recorded
         ],
     )
 

@@ -16,6 +16,10 @@ Definitions, and why each matters to exactly-once ingestion:
   count from the footer (Parquet, no data read), so a file is always bound *whole*. A file with
   upper 0 (empty) never shows in a frontier; a CSV holding only its header has upper = its size
   and reads zero rows.
+* **What is listed.** Regular files, and links to them whose target is inside the directory
+  (``follow_links_outside`` lifts that limit). Dangling links, links out of the directory,
+  FIFOs, sockets and devices are never read, and a FIFO is never even opened, so nothing can
+  block on one; :meth:`FilesSource.listing` reports them with the reason, and empty files too.
 * **Discovery order.** Files are ordered by modification time, then relative path, then
   generation. :meth:`FilesSource.cap` takes files in that order, so older files land first.
 * **Read-only, immutable.** Source files are opened read-only and never modified, moved or
@@ -72,7 +76,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Any, Literal, TypeAlias
+from typing import Any, BinaryIO, Literal, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -93,6 +97,7 @@ __all__ = [
     "FileFormat",
     "FileSplit",
     "FilesSource",
+    "ListedFile",
 ]
 
 FileFormat: TypeAlias = Literal["csv", "jsonl", "parquet"]
@@ -178,6 +183,22 @@ class FileSplit(Split):
 
 
 @dataclass(frozen=True)
+class ListedFile:
+    """One candidate file as the source sees it now (see :meth:`FilesSource.listing`).
+
+    ``path`` is relative with ``/`` separators, ``generation`` its current one; ``upper`` is in
+    bytes (rows for Parquet), 0 for an ignored file; ``ignored`` says why the source never reads
+    it (``None`` when it does); ``settling`` that it is too recently modified to be taken yet.
+    """
+
+    path: str
+    generation: int
+    upper: int
+    settling: bool
+    ignored: str | None
+
+
+@dataclass(frozen=True)
 class _Listed:
     """A file as one probe saw it."""
 
@@ -232,6 +253,7 @@ class FilesSource(SourceBase):
         max_files_per_batch: int = 100,
         settle_seconds: float = 0.0,
         generations_path: str | os.PathLike[str] | None = None,
+        follow_links_outside: bool = False,
         now: Callable[[], int] | None = None,
     ) -> None:
         """Validate every setting eagerly, so a bad pipeline fails at definition, naming the field.
@@ -242,7 +264,9 @@ class FilesSource(SourceBase):
         ``.parquet``, case-insensitive) and other files are ignored; with it, every listed file
         is read in that format. ``columns`` maps column names to type names (see
         :data:`COLUMN_TYPES`); only ``format="parquet"`` may leave it out, and then the schema is
-        read from the first Parquet file (in discovery order) now.
+        read from the first Parquet file (in discovery order) now. A symbolic link is followed
+        when its target is inside the directory (or ``follow_links_outside`` is set); otherwise
+        the file is listed as ignored (see :meth:`listing`), never read.
         """
         self.root, self.pattern = _check_path(path)
         if format is not None and format not in FORMATS:
@@ -275,6 +299,9 @@ class FilesSource(SourceBase):
         if generations_path is not None and not isinstance(generations_path, (str, os.PathLike)):
             raise ConfigError("generations_path", f"must be a file path or unset, got {generations_path!r}")
         self.generations_path = None if generations_path is None else os.path.abspath(os.fspath(generations_path))
+        if not isinstance(follow_links_outside, bool):
+            raise ConfigError("follow_links_outside", f"must be true or false, got {follow_links_outside!r}")
+        self.follow_links_outside = follow_links_outside
         if now is not None and not callable(now):
             raise ConfigError("now", f"must be a callable returning ms since the epoch, got {now!r}")
         self._now: Callable[[], int] = now if now is not None else _wall_clock_ms
@@ -348,13 +375,12 @@ class FilesSource(SourceBase):
         bound is not known any more; the pipeline then reports the source as changed.)
         """
         listed = self._list()
-        generations = self._generations()
-        settle_ms = self.settle_seconds * 1000
-        now_ms = int(self._now()) if settle_ms > 0 else 0
+        generations = self.generations()
+        now_ms = int(self._now()) if self.settle_seconds > 0 else 0
         offsets: dict[Partition, int] = {}
         self._listed = {}
         for f in listed:
-            if settle_ms > 0 and now_ms - f.mtime_ns / 1_000_000 < settle_ms:
+            if self._settling(f, now_ms):
                 continue
             generation = generations.get(f.relative, 0)
             partition = (f.relative, generation)
@@ -452,34 +478,99 @@ class FilesSource(SourceBase):
 
     # -- listing -----------------------------------------------------------------------------------
 
+    def listing(self) -> list[ListedFile]:
+        """Every candidate file now, read or not, with its current generation: for ``reclock files``.
+
+        Called on the driver or by the CLI, never on the batch path; reads metadata and Parquet
+        footers only. A file the probe takes has ``ignored`` ``None``; one it never takes says
+        why: ``"dangling link"``, ``"link outside the source directory"`` (unless
+        ``follow_links_outside``), ``"not a regular file (fifo)"`` (never opened, so this can not
+        block), ``"empty file"``, or ``"no rows"`` (a Parquet file). An empty file is ignored
+        rather than bound: upper 0 never shows in a frontier, so if it gains bytes later it is
+        still new and is ingested then.
+        """
+        listed, ignored = self._scan()
+        generations = self.generations()
+        now_ms = int(self._now()) if self.settle_seconds > 0 else 0
+        out = []
+        for f in listed:
+            upper = f.size if f.format != "parquet" else self._parquet_upper(f, warn=False)
+            why = None if upper else "empty file" if f.size == 0 else "no rows"
+            generation = generations.get(f.relative, 0)
+            out.append(ListedFile(f.relative, generation, upper, self._settling(f, now_ms), why))
+        out += [ListedFile(relative, generations.get(relative, 0), 0, False, why) for relative, why in ignored]
+        return out
+
+    def _settling(self, f: _Listed, now_ms: int) -> bool:
+        """Whether ``f`` was modified less than ``settle_seconds`` ago: it may still be being written."""
+        return self.settle_seconds > 0 and now_ms - f.mtime_ns / 1_000_000 < self.settle_seconds * 1000
+
     def _list(self) -> list[_Listed]:
-        """Every readable regular file now, in discovery order (mtime, then relative path)."""
+        """Every file the source reads, now, in discovery order (mtime, then relative path)."""
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[_Listed], list[tuple[str, str]]]:
+        """The files the source reads now, in discovery order, and ``(relative_path, why)`` of the
+        candidates it never reads: dangling links, links out of the directory, special files.
+
+        Only metadata is read (``lstat``, ``stat``): a FIFO or a device is never opened, so the
+        probe cannot block on one. Directories (a glob can match them) are neither. A path is
+        outside the directory when its real path (every link resolved, a linked directory on the
+        way included) is not under the directory's real path.
+        """
         if not os.path.isdir(self.root):
             raise FileNotFoundError(f"files source directory {self.root} does not exist (any more)")
         if self.pattern is not None:
             candidates: Iterator[str] = (os.path.abspath(p) for p in glob.iglob(self.pattern, recursive=True))
         else:
             candidates = _walk(self.root)
+        real_root = os.path.realpath(self.root)
+        real_dirs: dict[str, str] = {}
         listed: list[_Listed] = []
+        ignored: list[tuple[str, str]] = []
         for path in candidates:
             if path == self.generations_path:
                 continue
             fmt = self.format or _EXTENSIONS.get(os.path.splitext(path)[1].lower())
             if fmt is None:
                 continue
-            try:
-                st = os.stat(path)
-            except OSError:  # vanished between listing and stat, or a dangling symlink
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
             relative = PurePath(os.path.relpath(path, self.root)).as_posix()
+            try:
+                st = os.lstat(path)
+            except OSError:  # vanished between listing and lstat
+                continue
+            link = stat.S_ISLNK(st.st_mode)
+            if link:
+                try:
+                    st = os.stat(path)
+                except FileNotFoundError:
+                    ignored.append((relative, "dangling link"))
+                    continue
+                except OSError as exc:
+                    ignored.append((relative, f"link cannot be followed: {exc.strerror}"))
+                    continue
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not self.follow_links_outside:
+                directory = os.path.dirname(path)
+                if directory not in real_dirs:
+                    real_dirs[directory] = os.path.realpath(directory)
+                real = os.path.realpath(path) if link else os.path.join(real_dirs[directory], os.path.basename(path))
+                if not _within(real, real_root):
+                    ignored.append((relative, "link outside the source directory"))
+                    continue
+            if not stat.S_ISREG(st.st_mode):
+                ignored.append((relative, f"not a regular file ({_kind(st.st_mode)})"))
+                continue
             listed.append(_Listed(relative, path, fmt, st.st_size, st.st_mtime_ns))
         listed.sort(key=lambda f: (f.mtime_ns, f.relative))
-        return listed
+        return listed, ignored
 
-    def _generations(self) -> dict[str, int]:
-        """``{relative_path: generation}`` from ``generations_path``; a missing file means all 0."""
+    def generations(self) -> dict[str, int]:
+        """``{relative_path: generation}`` from ``generations_path``; a missing file means all 0.
+
+        The current generation of each dropped file: the runtime bumps it on a drop.
+        """
         if self.generations_path is None:
             return {}
         try:
@@ -498,15 +589,22 @@ class FilesSource(SourceBase):
             )
         return data
 
-    def _parquet_upper(self, f: _Listed) -> int:
-        """Row count from the footer (cached per file version); 1 if the footer cannot be read."""
+    def _parquet_upper(self, f: _Listed, *, warn: bool = True) -> int:
+        """Row count from the footer (cached per file version); 1 if the footer cannot be read.
+
+        The probe warns about an unreadable footer once per file version; :meth:`listing` (asked
+        by the CLI) stays quiet: the file's read fails visibly when its batch runs.
+        """
         if f.size == 0:
             return 0
         key = (f.path, f.size, f.mtime_ns)
         if key not in self._footers:
             try:
-                self._footers[key] = pq.read_metadata(f.path).num_rows
-            except (OSError, pa.ArrowException) as exc:
+                with _open_regular(f.path) as handle:
+                    self._footers[key] = pq.read_metadata(handle).num_rows
+            except (OSError, ValueError, pa.ArrowException) as exc:
+                if not warn:
+                    return _UNREADABLE_PARQUET_UPPER  # not cached: the probe still warns once
                 log.warning("cannot read the Parquet footer of %s (%s); it will fail when read", f.path, exc)
                 self._footers[key] = None
         rows = self._footers[key]
@@ -518,8 +616,9 @@ class FilesSource(SourceBase):
             if f.format != "parquet" or f.size == 0:
                 continue
             try:
-                schema = pq.read_schema(f.path)
-            except (OSError, pa.ArrowException):
+                with _open_regular(f.path) as handle:
+                    schema = pq.read_schema(handle)
+            except (OSError, ValueError, pa.ArrowException):
                 continue
             fields = []
             for field in schema:
@@ -576,7 +675,7 @@ class FilesSource(SourceBase):
         cuts it, and a record still open at the block's end is carried over to the next block.
         """
         quote = self.csv_quote.encode()
-        with open(split.path, "rb") as f:
+        with _open_regular(split.path) as f:
             size = os.fstat(f.fileno()).st_size
             if size < split.end:
                 raise ValueError(
@@ -892,7 +991,7 @@ class FilesSource(SourceBase):
     # -- reading Parquet ---------------------------------------------------------------------------
 
     def _read_parquet(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
-        with open(split.path, "rb") as f:
+        with _open_regular(split.path) as f:
             parquet = pq.ParquetFile(f)
             rows = parquet.metadata.num_rows
             if rows != split.end:
@@ -1024,6 +1123,45 @@ def _walk(root: str) -> Iterator[str]:
         for name in files:
             if not name.startswith("."):
                 yield os.path.join(directory, name)
+
+
+def _within(path: str, root: str) -> bool:
+    """Whether ``path`` is ``root`` or under it (both real, absolute paths)."""
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words, for a listing or an error."""
+    for test, name in (
+        (stat.S_ISFIFO, "fifo"),
+        (stat.S_ISSOCK, "socket"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISDIR, "directory"),
+    ):
+        if test(mode):
+            return name
+    return "unknown kind"
+
+
+def _open_regular(path: str) -> BinaryIO:
+    """Open ``path`` for reading, refusing anything but a regular file, and never blocking.
+
+    ``O_NONBLOCK`` makes the open of a FIFO return at once (a plain open waits for a writer,
+    forever), and the check runs on the open descriptor: a file replaced by a FIFO or a device
+    after it was listed fails its read (retried, then skipped or stopping the pipeline) instead
+    of hanging a task.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"{path} is not a regular file any more ({_kind(mode)}): it cannot be read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _unpack(partition: Partition) -> tuple[str, int]:

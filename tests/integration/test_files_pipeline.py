@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -189,3 +191,97 @@ def wait_for(condition, timeout: float = 60) -> None:
             pass
         time.sleep(0.1)
     raise AssertionError("condition not reached in time")
+
+
+def committed_rows_per_file(lake: Path, pipeline: str, output: str) -> Counter:
+    """Rows per file in ``output``, read with pyarrow from the parquet files its ``_delta_log`` lists.
+
+    Independent of reclock's (and delta-rs's) readers: the JSON commits are replayed in version
+    order (``add`` minus ``remove``), so what counts is exactly what a Delta reader would see.
+    """
+    table = lake / pipeline / "outputs" / output
+    log = table / "_delta_log"
+    if not log.is_dir():
+        return Counter()
+    live: set[str] = set()
+    for commit in sorted(log.glob("*.json"), key=lambda p: int(p.stem)):
+        for line in commit.read_text().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                live.add(unquote(action["add"]["path"]))
+            elif "remove" in action:
+                live.discard(unquote(action["remove"]["path"]))
+    counts: Counter = Counter()
+    for name in live:
+        partitions = pq.read_table(table / name, columns=["_partition"]).column("_partition").to_pylist()
+        counts.update(json.loads(p)[0] for p in partitions)
+    return counts
+
+
+def commits(lake: Path) -> int:
+    """Commits of the ``rows`` output so far: cheap to poll, unlike its rows."""
+    return len(list((lake / "ingest" / "outputs" / "rows" / "_delta_log").glob("*.json")))
+
+
+def cli_file_states(tmp_path: Path, capsys) -> dict[tuple[str, int], dict]:
+    capsys.readouterr()
+    assert run(tmp_path, "files", "ingest", "--json", "--limit", "0") == 0
+    return {(r["path"], r["generation"]): r for r in json.loads(capsys.readouterr().out)}
+
+
+def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_accepts_every_loaded_file(
+    tmp_path, capsys
+):
+    """A job SIGKILLed six times, each at a random moment after it landed a batch: after every kill
+    ``reclock files`` says Loaded for exactly the files whose rows are in the output (read from the
+    parquet files the ``_delta_log`` lists), and ``drop-file`` then accepts every one of them. A
+    last run catches the ``files`` history log up with what the kills cut off."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    sizes = {}
+    for f in range(60):
+        n = 2_000 + 97 * f
+        (folder / f"f{f:02}.csv").write_text("id,name\n" + "".join(f"{i},r{i}\n" for i in range(n)))
+        sizes[f"f{f:02}.csv"] = n
+    definition = config(tmp_path, stop_on_error=True, extra="idle_interval = 0.2")
+    definition.write_text(definition.read_text().replace("max_files_per_batch = 2", "max_files_per_batch = 1"))
+    assert main(["create", str(definition)]) == 0
+    lake = tmp_path / "lake"
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    kills = 0
+    while kills < 6:
+        before = commits(lake)
+        job = subprocess.Popen(
+            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "ingest"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:  # kill at a random moment soon after this run landed its first batch
+            wait_for(lambda b=before: commits(lake) > b, timeout=60)
+            time.sleep(rng.uniform(0.0, 0.3))
+        finally:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+        kills += 1
+        in_output = committed_rows_per_file(lake, "ingest", "rows")
+        assert all(n == sizes[name] for name, n in in_output.items()), (seed, in_output)  # whole files only
+        states = cli_file_states(tmp_path, capsys)
+        loaded = {path for (path, generation), r in states.items() if r["state"] == "Loaded"}
+        assert loaded == set(in_output), (seed, kills, sorted(set(in_output) - loaded), sorted(loaded - set(in_output)))
+        assert {path for path, _ in states} == set(sizes), seed  # every listed file has a state
+        if len(in_output) == len(sizes):
+            break
+    assert in_output, seed
+    for path in sorted(in_output):
+        assert run(tmp_path, "drop-file", "ingest", path) == 0, (seed, path, capsys.readouterr().err)
+    states = cli_file_states(tmp_path, capsys)
+    assert {k for k, r in states.items() if r["state"] == "Loaded"} == {(p, 0) for p in in_output}
+    assert {k for k, r in states.items() if r["state"] == "Unloaded"} == {(p, 1) for p in in_output} | {
+        (p, 0) for p in set(sizes) - set(in_output)
+    }
+    assert run(tmp_path, "start", "ingest", "--max-seconds", "2") == 0
+    loaded = {f"{p}#{g}" for (p, g), r in cli_file_states(tmp_path, capsys).items() if r["state"] == "Loaded"}
+    history = file_states(tmp_path)
+    assert {k for k in loaded if history.get(k) != "Loaded"} == set(), seed

@@ -9,8 +9,9 @@ import json
 import os
 import pickle
 import tempfile
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -314,6 +315,88 @@ def test_a_glob_lists_matching_files_relative_to_its_fixed_directory(tmp_path: P
     assert set(recursive.upper().partitions()) == {("2024-01/x.csv", 0), ("other/z.csv", 0)}
 
 
+def reasons(source: FilesSource) -> dict[str, str | None]:
+    return {f.path: f.ignored for f in source.listing()}
+
+
+def test_a_link_out_of_the_directory_is_ignored_unless_allowed(tmp_path: Path) -> None:
+    outside = write(tmp_path / "secret" / "passwd.csv", "id,name\n1,root\n")
+    write(tmp_path / "in" / "a.csv", "id,name\n2,a\n")
+    (tmp_path / "in" / "out.csv").symlink_to(outside)
+    (tmp_path / "in" / "alias.csv").symlink_to(tmp_path / "in" / "a.csv")  # inside: followed
+    (tmp_path / "in" / "far").symlink_to(tmp_path / "secret", target_is_directory=True)
+    source = FilesSource(path=tmp_path / "in", columns=COLUMNS)
+    assert set(source.upper().partitions()) == {("a.csv", 0), ("alias.csv", 0)}
+    assert reasons(source) == {"a.csv": None, "alias.csv": None, "out.csv": "link outside the source directory"}
+    glob_source = FilesSource(path=f"{tmp_path}/in/**/*.csv", columns=COLUMNS)  # a glob follows linked folders
+    assert set(glob_source.upper().partitions()) == {("a.csv", 0), ("alias.csv", 0)}
+    assert reasons(glob_source)["far/passwd.csv"] == "link outside the source directory"
+    allowed = FilesSource(path=tmp_path / "in", columns=COLUMNS, follow_links_outside=True)
+    _, rows, _ = ingest(allowed)
+    assert sorted((r["_partition"], r["id"]) for r in rows) == [
+        ('["a.csv",0]', 2),
+        ('["alias.csv",0]', 2),
+        ('["out.csv",0]', 1),
+    ]
+
+
+def test_dangling_links_fifos_and_empty_files_are_listed_with_a_reason_and_never_read(tmp_path: Path) -> None:
+    write(tmp_path / "a.csv", "id,name\n1,a\n")
+    write(tmp_path / "empty.csv", "")
+    write(tmp_path / "nothing.parquet", _parquet_bytes(pa.table({"id": pa.array([], pa.int64())})))
+    (tmp_path / "dangling.csv").symlink_to(tmp_path / "missing.csv")
+    (tmp_path / "loop.csv").symlink_to(tmp_path / "loop.csv")
+    os.mkfifo(tmp_path / "pipe.csv")  # opening it for reading would wait for a writer forever
+    source = FilesSource(path=tmp_path, columns=COLUMNS)
+    assert without_blocking(source.upper) == Frontier({("a.csv", 0): 12})
+    assert without_blocking(lambda: reasons(source)) == {
+        "a.csv": None,
+        "empty.csv": "empty file",
+        "nothing.parquet": "no rows",
+        "dangling.csv": "dangling link",
+        "loop.csv": "link cannot be followed: Too many levels of symbolic links",
+        "pipe.csv": "not a regular file (fifo)",
+    }
+
+
+def test_a_file_replaced_by_a_fifo_after_it_was_bound_fails_its_read_without_blocking(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.csv", "id,name\n1,a\n")
+    source = FilesSource(path=tmp_path, columns=COLUMNS)
+    upper = source.cap(Frontier(), source.upper(), max_records=100)
+    [split] = source.splits(Frontier(), upper)
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(ValueError, match=r"not a regular file any more \(fifo\)"):
+        without_blocking(lambda: read_all(source, [split]))
+
+
+def without_blocking(fn: Callable[[], Any], timeout: float = 30) -> Any:
+    """``fn()``, failing instead of hanging if it blocks, as opening a FIFO for reading does."""
+    outcome: list[tuple[bool, Any]] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append((True, fn()))
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append((False, exc))
+
+    threading.Thread(target=attempt, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not outcome and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert outcome, f"blocked for {timeout}s (a FIFO opened?)"
+    done, value = outcome[0]
+    if not done:
+        raise value
+    return value
+
+
+def _parquet_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink)
+    return sink.getvalue()
+
+
 def test_cap_never_cuts_a_file_and_limits_files_per_batch(tmp_path: Path) -> None:
     for n in range(5):
         write(tmp_path / f"{n}.csv", "id,name\n" + "".join(f"{i},x\n" for i in range(n * 10)), mtime=1_000 + n)
@@ -544,6 +627,7 @@ def test_a_plain_split_reads_like_a_file_split(tmp_path: Path) -> None:
         ({"settle_seconds": -1}, "settle_seconds"),
         ({"settle_seconds": float("nan")}, "settle_seconds"),
         ({"generations_path": 3}, "generations_path"),
+        ({"follow_links_outside": "yes"}, "follow_links_outside"),
         ({"now": 5}, "now"),
     ],
 )
