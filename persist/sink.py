@@ -12,9 +12,8 @@ delta-rs records the label but does not skip a replay itself, so the sink reads
 advanced incrementally before each commit, so a commit does not reload the table from scratch):
 a replay of a committed batch is skipped before it writes anything, and a racing writer that
 slips in between makes our commit fail with a conflict (same app id), after which we re-check and
-adopt. Never set
-``delta.setTransactionRetentionDuration`` on these tables: expired labels would let a late replay
-through.
+adopt. Never set ``delta.setTransactionRetentionDuration`` on these tables: expired labels would
+let a late replay through.
 """
 
 from __future__ import annotations
