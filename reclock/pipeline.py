@@ -227,10 +227,21 @@ class Pipeline:
                 report = self.step()
             except BatchFailed as exc:
                 data = "data" in exc.kinds
-                if exc.kinds & {"invariant", "definite"} or (
-                    data and attempts >= self.settings.max_retries and self.settings.stop_on_error
-                ):
+                spent = data and attempts >= self.settings.max_retries
+                if exc.kinds & {"invariant", "definite"} or (spent and self.settings.stop_on_error):
                     self._fail(exc)
+                    observe(exc.report)
+                    raise
+                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.report.binding_ts]
+                if spent and holders:
+                    # A crash between two outputs' commits, then the range turned unreadable: the
+                    # rows already landed, so recording the range as skipped would count them twice.
+                    self._fail(
+                        DefiniteSourceError(
+                            f"batch {exc.report.binding_ts} cannot be skipped: output {holders[0]!r} already holds "
+                            f"it, and its source range can no longer be read to finish the others ({exc})"
+                        )
+                    )
                     observe(exc.report)
                     raise
                 attempts += 1 if data else 0

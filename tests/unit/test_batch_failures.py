@@ -149,3 +149,28 @@ def test_a_probe_outage_is_reported_as_stalled_with_the_error_then_running(tmp_p
     assert seen[:3] == [(Health.STALLED, "TransientError: metadata request timed out")] * 3
     assert (Health.RUNNING, None) in seen and seen[-1] == (Health.STOPPED, None)
     assert pipeline.finished and len(tables(tmp_path, "p")["clicks"]) == 5
+
+
+def test_a_batch_some_output_already_holds_is_never_skipped_it_fails_instead(tmp_path):
+    """Crash between two outputs' commits, then the range turns unreadable: a skip would make the
+    rows that already landed *also* a skipped range in ``_errors`` (both), so the pipeline fails."""
+    source = PoisonSource(poison={"bad"})
+    source.poisoned = False
+    fill(source)
+    source.finish()
+    clock = FakeClock(1000)
+    crashing = Pipeline("p", tmp_path, source, now=clock, on_step=CrashAt("committed:clicks"))
+    with pytest.raises(SimulatedCrash):
+        crashing.step()
+    landed = tables(tmp_path, "p")
+    assert len(landed["clicks"]) == 5 and landed["_errors"] == []  # clicks holds the batch, _errors not
+    source.poisoned = True
+    knobs = Settings(max_retries=0, retry_backoff=0, stop_on_error=False)
+    restarted = Pipeline("p", tmp_path, source, now=clock, settings=knobs)
+    with pytest.raises(BatchFailed):
+        restarted.run()
+    assert restarted.health is Health.FAILED
+    assert "already holds" in restarted.last_error
+    after = tables(tmp_path, "p")
+    assert after["_errors"] == [] and after["clicks"] == landed["clicks"]
+    assert restarted.remap.skips == []
