@@ -706,26 +706,26 @@ class KafkaSource(SourceBase):
         route = buf.route
         offsets = np.asarray(buf.offsets, dtype=np.int64)
         values = buf.values
-        decoded = route.decoder.decode(values, fail_fast=self.on_record_error == "fail")
-        if decoded.errors and self.on_record_error == "fail":
-            self._fail(route, topic, kpart, offsets, decoded.errors[0], buf)
-        faults = list(decoded.errors)
-        good = decoded.good
-        payload = decoded.batch
+        fail = self.on_record_error == "fail"
+        decoded = route.decoder.decode(values, fail_fast=fail)
         meta_columns: list[pa.Array] = []
+        key_faults: list[tuple[int, str, str]] = []
         names = [column for _, column in route.metadata]
         if route.metadata:
             meta_columns, key_faults = self._metadata_columns(buf, route, topic, kpart, offsets)
-            if key_faults:
-                decoded_ok = set(good.tolist())
-                key_faults = [f for f in key_faults if f[0] in decoded_ok]  # one fault per record
-            if key_faults:
-                faults = sorted(faults + key_faults)
-                keep = ~np.isin(good, [i for i, _, _ in key_faults])
-                payload = payload.filter(pa.array(keep))
-                good = good[keep]
-        if faults and self.on_record_error == "fail":
-            self._fail(route, topic, kpart, offsets, faults[0], buf)
+        if fail and (decoded.errors or key_faults):  # name the first bad record, value or key
+            self._fail(route, topic, kpart, offsets, min(decoded.errors[:1] + key_faults[:1]), buf)
+        faults = list(decoded.errors)
+        good = decoded.good
+        payload = decoded.batch
+        if key_faults:
+            decoded_ok = set(good.tolist())
+            key_faults = [f for f in key_faults if f[0] in decoded_ok]  # one fault per record
+        if key_faults:
+            faults = sorted(faults + key_faults)
+            keep = ~np.isin(good, [i for i, _, _ in key_faults])
+            payload = payload.filter(pa.array(keep))
+            good = good[keep]
         if len(good):
             take = pa.array(good)
             columns = [
