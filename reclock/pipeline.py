@@ -23,6 +23,7 @@ labels skip what already landed (exactly once).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -65,8 +66,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ("batch_interval", "idle_interval", "retry_backoff", "max_backoff"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, "must be >= 0")
+            if not 0 <= getattr(self, name) < math.inf:  # NaN fails too: it would never wait, or wait forever
+                raise ConfigError(name, f"must be a finite number >= 0, got {getattr(self, name)!r}")
         for name in ("max_batch", "file_rows"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, "must be >= 1")
