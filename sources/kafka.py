@@ -1116,8 +1116,13 @@ def _bounded(call: Any, timeout_s: float, what: str) -> Any:
 
 
 def _describe(exc: BaseException) -> str:
-    """An exception's type and message; kafka-python messages carry no client settings."""
-    return f"{type(exc).__name__}: {exc}"
+    """An exception's type and message; kafka-python messages carry no client settings.
+
+    kafka-python's own errors already start with their type (``KafkaTimeoutError: Unable to
+    bootstrap``): the type is not said twice.
+    """
+    name, text = type(exc).__name__, str(exc)
+    return text if text == name or text.startswith(f"{name}: ") else f"{name}: {text}"
 
 
 def _close(client: Any) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import pyarrow as pa
 import pytest
 
+from reclock.dataplane import LocalDataPlane
 from reclock.errors import TransientError
 from reclock.health import Health
 from reclock.pipeline import BatchFailed, BatchState, Pipeline, Settings
@@ -149,3 +150,22 @@ def test_a_probe_outage_is_reported_as_stalled_with_the_error_then_running(tmp_p
     assert seen[:3] == [(Health.STALLED, "TransientError: metadata request timed out")] * 3
     assert (Health.RUNNING, None) in seen and seen[-1] == (Health.STOPPED, None)
     assert pipeline.finished and len(tables(tmp_path, "p")["clicks"]) == 5
+
+
+class LastFirstPlane(LocalDataPlane):
+    """A data plane that returns its results as tasks might finish: the last split first."""
+
+    def run(self, plan, splits):
+        return super().run(plan, splits)[::-1]
+
+
+def test_a_failed_batch_names_its_first_failed_split_in_the_sources_order(tmp_path):
+    source = PoisonSource(poison={"a", "b"})
+    source.append("a", "clicks", [{"user": 1}])
+    source.append("b", "clicks", [{"user": 2}])
+    source.append("c", "clicks", [{"user": 3}])
+    knobs = Settings(max_retries=0, retry_backoff=0, stop_on_error=True)
+    pipeline = Pipeline("p", tmp_path, source, data_plane=LastFirstPlane(), now=FakeClock(1000), settings=knobs)
+    with pytest.raises(BatchFailed, match=r"2 of 3 splits failed; first: partition a offsets \[0, 1\)") as failed:
+        pipeline.step()
+    assert [r.split.partition for r in failed.value.report.results] == ["a", "b", "c"]
