@@ -329,13 +329,13 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
             outputs[output] = _output_status(lake, name, output)
         except Exception as exc:  # a corrupt or unreadable table: report it, go on with the others
             outputs[output] = (None, None)
-            problems.append(f"cannot read output {output!r}: {type(exc).__name__}: {exc}")
+            problems.append(f"cannot read output {output!r}: {_first_line(exc)}")
     upper = None
     if not problems:
         try:
             upper = readable_upper(lake, name)
         except Exception as exc:
-            problems.append(f"cannot read the remap table: {type(exc).__name__}: {exc}")
+            problems.append(f"cannot read the remap table: {_first_line(exc)}")
     return {
         "pipeline": name,
         "health": status.get("health", "created"),
@@ -348,6 +348,12 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
         "unreadable": "; ".join(problems) or None,
         "outputs": outputs,
     }
+
+
+def _first_line(exc: Exception) -> str:
+    """``Type: message`` without what follows its first line (delta-rs appends a backtrace)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
 def _output_status(lake: Lake, name: str, output: str) -> tuple[int, int]:

@@ -290,6 +290,7 @@ def test_status_shows_an_unreadable_output_in_its_row_and_still_lists_the_others
     assert main(["--lake", str(lake), "status"]) == 0
     table = capsys.readouterr().out
     assert "cannot read output 'bids'" in table and "clicks outputs:" in table
+    assert len(table.split("\n\n")[0].splitlines()) == 4  # header, rule, one line per pipeline
 
 
 def test_status_counts_rows_of_files_committed_without_statistics(tmp_path, capsys):
