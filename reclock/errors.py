@@ -7,7 +7,7 @@ from "the source is broken for good" from "someone else owns this pipeline now".
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError", "TransientError"]
+__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError", "TransientError", "describe"]
 
 
 class ReclockError(Exception):
@@ -41,3 +41,13 @@ class TransientError(ReclockError):
     The pipeline stalls and retries with backoff for as long as it lasts; it never counts against
     ``max_retries`` and never makes a batch skip data, because the data itself is fine.
     """
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for status, logs and errors tables, with the type said once.
+
+    Some libraries' messages already start with their type (kafka-python's ``str()`` of a
+    ``KafkaTimeoutError`` is ``KafkaTimeoutError: Unable to bootstrap``).
+    """
+    name, text = type(exc).__name__, str(exc)
+    return text if text == name or text.startswith(f"{name}: ") else f"{name}: {text}"

@@ -37,7 +37,7 @@ from persist.lake import NAME_PATTERN, Lake, sink_id
 from persist.remap import RemapTable, Skip
 from persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
 from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
-from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError
+from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError, describe
 from reclock.health import Health
 from reclock.time import Frontier, IntoTime, encode_partition
 from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, Split
@@ -441,7 +441,7 @@ class Pipeline:
 
     def _mark_stalled(self, exc: BaseException) -> None:
         self.health = Health.STALLED
-        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.last_error = describe(exc)
         log.warning("pipeline %s: stalled, will retry: %s", self.name, self.last_error)
 
     def _backoff(self, stop: threading.Event, stalls: int) -> None:
@@ -449,7 +449,7 @@ class Pipeline:
 
     def _fail(self, exc: BaseException) -> None:
         self.health = Health.FAILED
-        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.last_error = describe(exc)
         log.error("pipeline %s failed: %s", self.name, self.last_error)
 
 

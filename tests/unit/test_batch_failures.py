@@ -169,3 +169,26 @@ def test_a_failed_batch_names_its_first_failed_split_in_the_sources_order(tmp_pa
     with pytest.raises(BatchFailed, match=r"2 of 3 splits failed; first: partition a offsets \[0, 1\)") as failed:
         pipeline.step()
     assert [r.split.partition for r in failed.value.report.results] == ["a", "b", "c"]
+
+
+class SelfNamedError(Exception):
+    """Like kafka-python's errors, whose message already starts with their type."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}: {super().__str__()}"
+
+
+class SelfNamedFailure(MemorySource):
+    def read(self, split):
+        raise SelfNamedError("Unable to bootstrap")
+
+
+def test_an_error_whose_message_names_its_type_is_reported_with_the_type_once(tmp_path):
+    source = SelfNamedFailure(SCHEMAS)
+    source.append("a", "clicks", [{"user": 1}])
+    knobs = Settings(max_retries=0, retry_backoff=0, stop_on_error=True)
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs)
+    with pytest.raises(BatchFailed) as failed:
+        pipeline.run()
+    assert failed.value.report.results[0].error == "SelfNamedError: Unable to bootstrap"
+    assert pipeline.last_error.count("SelfNamedError") == 1
