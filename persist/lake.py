@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from reclock.errors import ConfigError
+
 __all__ = ["NAME_PATTERN", "Lake", "sink_id"]
 
 #: Pipeline and output names: identifiers, so they are safe as folder and column-free table names.
@@ -33,7 +35,16 @@ class Lake:
 
     @classmethod
     def at(cls, root: str | Path) -> Lake:
-        return cls(Path(root).expanduser().resolve())
+        """The lake at ``root``, which need not exist yet; a file in its place is a ConfigError.
+
+        Checked here, once, so that no command fails later with ``NotADirectoryError`` deep in
+        a write (or lists an empty lake where a file is).
+        """
+        path = Path(root).expanduser().resolve()
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir():
+            raise ConfigError("lake", f"{path} cannot be a lake folder: {existing} is a file")
+        return cls(path)
 
     def pipeline_dir(self, pipeline: str) -> Path:
         return self.root / pipeline

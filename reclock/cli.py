@@ -1,20 +1,25 @@
 """The ``reclock`` command: create, start, stop and watch pipelines; ``demo`` shows the whole path.
 
 Mistakes in what the user typed or configured end in one line naming the field and exit code 2;
-a pipeline that fails ends with its error and exit code 1. Neither prints a traceback.
+a pipeline that fails ends with its error and exit code 1. Neither prints a traceback. Output
+piped into a reader that stops early (``reclock status | head -1``) ends quietly, like ``cat``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from typing import NoReturn
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from persist.asof import CLOSED_UPPER, read_as_of, readable_upper
@@ -23,7 +28,7 @@ from persist.read import read_table
 from persist.status_tables import read_status_table
 from reclock import job
 from reclock.config import load_config
-from reclock.errors import ConfigError, ReclockError
+from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
 from reclock.status import DEAD, read_status
 from sources.base import ERRORS
@@ -32,6 +37,21 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a reader that went away is handled below
+        return code
+    except BrokenPipeError:
+        # The reader stopped reading (``reclock status | head -1``): end quietly, like cat or ls,
+        # with the status a shell reports for SIGPIPE. Python would flush stdout again at exit and
+        # complain on stderr, so stdout now points at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.lake is None and args.func is not _create:
         args.lake = "lake"
@@ -43,10 +63,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ReclockError as exc:
         print(f"reclock: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # the lake's storage refused the command itself (read-only, full, gone)
+        print(f"reclock: {describe(exc)}", file=sys.stderr)
+        return 1
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a mistake is one line naming the argument (its usage is in ``--help``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _seconds(text: str) -> float:
+    """Seconds for ``--max-seconds`` and ``--wait``: ``nan`` or ``inf`` would never stop."""
+    return _finite(text, ">= 0", lambda value: value >= 0)
+
+
+def _rate(text: str) -> float:
+    return _finite(text, "> 0", lambda value: value > 0)
+
+
+def _finite(text: str, bound: str, fits: Callable[[float], bool]) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and fits(value)):
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="reclock", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="reclock", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--lake",
         default=os.environ.get("RECLOCK_LAKE"),
@@ -55,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="command")
 
     demo = commands.add_parser("demo", help="run a Kafka pipeline end to end on an embedded broker")
-    demo.add_argument("--events", type=int, default=400_000, help="events the generator produces")
-    demo.add_argument("--rate", type=float, default=50_000, help="events per second (at most)")
+    demo.add_argument("--events", type=_count, default=400_000, help="events the generator produces")
+    demo.add_argument("--rate", type=_rate, default=50_000, help="events per second (at most)")
     demo.add_argument("--engine", choices=("spark", "local"), default="spark")
     demo.add_argument(
         "--source",
@@ -73,12 +134,12 @@ def _parser() -> argparse.ArgumentParser:
 
     start = commands.add_parser("start", help="run a pipeline until it finishes or is stopped")
     start.add_argument("name")
-    start.add_argument("--max-seconds", type=float, default=None, help="stop after this long")
+    start.add_argument("--max-seconds", type=_seconds, default=None, help="stop after this long")
     start.set_defaults(func=_start)
 
     stop = commands.add_parser("stop", help="ask a running pipeline to stop after its in-flight batch")
     stop.add_argument("name")
-    stop.add_argument("--wait", type=float, default=0, help="seconds to wait for it to stop")
+    stop.add_argument("--wait", type=_seconds, default=0, help="seconds to wait for it to stop")
     stop.set_defaults(func=_stop)
 
     status = commands.add_parser("status", help="show the pipelines of the lake")
@@ -93,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     ):
         table = commands.add_parser(name, help=about)
         table.add_argument("name")
-        table.add_argument("--limit", type=int, default=20, help="rows to show, newest first (0: all)")
+        table.add_argument("--limit", type=_count, default=20, help="rows to show, newest first (0: all)")
         table.add_argument("--json", action="store_true", help="machine-readable output")
         table.set_defaults(func=_show_table, table=name)
 
@@ -235,7 +296,7 @@ def _status(args: argparse.Namespace) -> int:
                     r["batches"],
                     _when(r["readable_upper"]),
                     r["bindings"],
-                    r["last_error"] or "",
+                    r["unreadable"] or r["last_error"] or "",
                 ]
                 for r in rows
             ],
@@ -243,29 +304,70 @@ def _status(args: argparse.Namespace) -> int:
     )
     for r in rows:
         print(f"\n{r['pipeline']} outputs:")
-        print(_table(["output", "rows", "upper"], [[o, f"{n:,}", _when(u)] for o, (n, u) in r["outputs"].items()]))
+        print(
+            _table(
+                ["output", "rows", "upper"],
+                [[o, "?" if n is None else f"{n:,}", _when(u)] for o, (n, u) in r["outputs"].items()],
+            )
+        )
     return 0
 
 
 def _pipeline_status(lake: Lake, name: str) -> dict:
+    """One pipeline's row; an output that cannot be read is named in ``unreadable``, not raised,
+    so that one broken table does not hide the rest of the lake."""
     status = read_status(lake, name) or {}
-    outputs = {}
+    outputs: dict[str, tuple[int | None, int | None]] = {}
+    problems = []
     for output in lake.outputs(name):
-        table = DeltaTable(str(lake.output_path(name, output)))
-        label = table.transaction_version(sink_id(name, output))
-        count = sum(pa.table(table.get_add_actions()).column("num_records").to_pylist()) if table.file_uris() else 0
-        outputs[output] = (count, 0 if label is None else label + 1)
+        try:
+            outputs[output] = _output_status(lake, name, output)
+        except Exception as exc:  # a corrupt or unreadable table: report it, go on with the others
+            outputs[output] = (None, None)
+            problems.append(f"cannot read output {output!r}: {_first_line(exc)}")
+    upper = None
+    if not problems:
+        try:
+            upper = readable_upper(lake, name)
+        except Exception as exc:
+            problems.append(f"cannot read the remap table: {_first_line(exc)}")
     return {
         "pipeline": name,
         "health": status.get("health", "created"),
         "finished": status.get("finished", False),
         "batches": status.get("batches", 0),
         "bindings": status.get("bindings", 0),
-        "readable_upper": readable_upper(lake, name),
+        "readable_upper": upper,
         "resume_frontier": status.get("resume_frontier", "{}"),
         "last_error": status.get("last_error"),
+        "unreadable": "; ".join(problems) or None,
         "outputs": outputs,
     }
+
+
+def _first_line(exc: Exception) -> str:
+    """``Type: message`` without what follows its first line (delta-rs appends a backtrace)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
+
+
+def _output_status(lake: Lake, name: str, output: str) -> tuple[int, int]:
+    """Rows in the output's latest version and its upper (label + 1).
+
+    Row counts come from each add action's statistics; a file committed without them (another
+    writer may leave them out) is counted from its parquet footer instead.
+    """
+    root = lake.output_path(name, output)
+    table = DeltaTable(str(root))
+    label = table.transaction_version(sink_id(name, output))
+    count = 0
+    if table.file_uris():
+        actions = pa.table(table.get_add_actions())
+        for path, records in zip(
+            actions.column("path").to_pylist(), actions.column("num_records").to_pylist(), strict=True
+        ):
+            count += records if records is not None else pq.ParquetFile(root / path).metadata.num_rows
+    return count, 0 if label is None else label + 1
 
 
 def _demo(args: argparse.Namespace) -> int:

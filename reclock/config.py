@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import math
 import os
 import re
 import tomllib
@@ -85,11 +86,19 @@ class PipelineConfig:
 
 
 def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a TOML file; a file that cannot be read is a :class:`ConfigError` too."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+        raw = tomllib.loads(text)
     except FileNotFoundError:
         raise ConfigError("file", "does not exist", file=str(path)) from None
+    except IsADirectoryError:
+        raise ConfigError("file", "is a directory, not a TOML file", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError("file", f"cannot be read: {exc.strerror or exc}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("file", f"is not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("syntax", str(exc), file=str(path)) from None
     return parse_config(raw, file=str(path), base=path.parent)
@@ -119,8 +128,8 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         lake = str((base / lake).resolve())
     engine = _typed(pipeline, "engine", str, "pipeline.", fail, default="spark")
     retention = _typed(pipeline, "status_retention_days", float, "pipeline.", fail, default=7.0)
-    if retention <= 0:
-        raise fail("pipeline.status_retention_days", "must be > 0")
+    if not 0 < retention < math.inf:
+        raise fail("pipeline.status_retention_days", f"must be a finite number > 0, got {retention!r}")
     metrics_port = _typed(pipeline, "metrics_port", int, "pipeline.", fail)
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise fail("pipeline.metrics_port", "must be a port number (0 picks a free one)")
@@ -174,6 +183,7 @@ def build_source(
     the pipeline was created (``anchor_ms``) and where dropped files' generations are kept.
     """
     options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k != "kind"}
+    hidden = _hidden(config.source, options)
     cls = _source_class(config.source["kind"])
     params = inspect.signature(cls).parameters
     if "anchor_ms" in params:
@@ -185,26 +195,39 @@ def build_source(
     try:
         return cls(**options)
     except ConfigError as exc:
-        raise ConfigError(f"source.{exc.field}", str(exc).split(": ", 1)[-1], file=file) from None
+        message = _conceal(str(exc).split(": ", 1)[-1], hidden)
+        raise ConfigError(f"source.{exc.field}", message, file=file) from None
+    except (TypeError, ValueError) as exc:  # a source that did not say which option: still one line
+        raise ConfigError("source", _conceal(f"{type(exc).__name__}: {exc}", hidden), file=file) from None
 
 
 # Keys whose values are secrets; not "key" or "ssl" alone: key columns and certificate paths are not.
 _SECRET = re.compile(r"pass(word|wd|phrase)?($|_)|secret|token|credential|private_key|api_?key", re.IGNORECASE)
 
 
-def redacted(value: Any, key: str = "") -> Any:
-    """A copy safe for logs and status tables: values under secret-looking keys are masked."""
+def redacted(value: Any, key: str = "", *, secret: bool = False) -> Any:
+    """A copy safe for logs and status tables: values under secret-looking keys are masked.
+
+    Masking goes by the key alone, whatever the value's type (``sasl_plain_password = 99887766``
+    is a number in TOML), and reaches everything nested under such a key. Only ``None`` and
+    ``""`` stay visible: they show that no secret is set, not what it is.
+    """
+    secret = secret or bool(_SECRET.search(key))
     if isinstance(value, Mapping):
-        return {k: redacted(v, str(k)) for k, v in value.items()}
+        return {k: redacted(v, str(k), secret=secret) for k, v in value.items()}
     if isinstance(value, list):
-        return [redacted(v, key) for v in value]
-    if _SECRET.search(key) and isinstance(value, str) and value:
+        return [redacted(v, key, secret=secret) for v in value]
+    if secret and value is not None and value != "":
         return "***"
     return value
 
 
 def _check_source_options(kind: str, source: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> None:
     params = inspect.signature(_source_class(kind)).parameters
+    for name, param in params.items():
+        required = param.default is inspect.Parameter.empty
+        if required and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD) and name not in source:
+            raise fail(f"source.{name}", f"missing (a {kind} source needs it)")
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     for key in source:
@@ -233,6 +256,39 @@ def _expand(value: Any, key: str, file: str | None) -> Any:
     if isinstance(value, list):
         return [_expand(v, key, file) for v in value]
     return value
+
+
+def _hidden(raw: Any, expanded: Any, key: str = "", secret: bool = False) -> list[tuple[str, str]]:
+    """``(value, shown instead)`` for every value an error message must not echo.
+
+    Those are values substituted from ``${NAME}`` (shown as the reference) and values under
+    secret-looking keys (shown as ``***``), at any depth of the ``[source]`` table.
+    """
+    secret = secret or bool(_SECRET.search(key))
+    if isinstance(raw, Mapping) and isinstance(expanded, Mapping):
+        return [pair for k, v in raw.items() if k in expanded for pair in _hidden(v, expanded[k], str(k), secret)]
+    if isinstance(raw, list) and isinstance(expanded, list):
+        return [pair for r, e in zip(raw, expanded, strict=False) for pair in _hidden(r, e, key, secret)]
+    if expanded is None or isinstance(expanded, Mapping | list) or str(expanded) == "":
+        return []
+    if secret:
+        return [(str(expanded), "***")]
+    if isinstance(raw, str) and _ENV.search(raw):
+        return [(str(expanded), raw)]
+    return []
+
+
+def _conceal(message: str, hidden: list[tuple[str, str]]) -> str:
+    """``message`` without any hidden value: a quoted one becomes what the file says instead.
+
+    A value still found unquoted (a short number inside other text, say) is not replaced piece
+    by piece; the message then only says that the value is not shown.
+    """
+    for value, shown in sorted(hidden, key=lambda pair: -len(pair[0])):
+        message = message.replace(repr(value), repr(shown))
+        if value in message:
+            return f"invalid value (not shown: it comes from {shown if shown != '***' else 'a secret setting'})"
+    return message
 
 
 def _section(raw: Mapping[str, Any], name: str, fail: Callable[..., ConfigError], required: bool = False) -> Mapping:

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.sink import DELETED, INTO_TS, DataFile, write_data_file
-from reclock.errors import DefiniteSourceError, TransientError
+from reclock.errors import DefiniteSourceError, TransientError, describe
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import IntoTime, encode_partition
 from sources.base import ERRORS, Source, Split
@@ -159,7 +159,7 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
             split,
             started_ms=int(started * 1000),
             duration_ms=int((time.time() - started) * 1000),
-            error=f"{type(exc).__name__}: {exc}",
+            error=describe(exc),
             error_kind=kind,
         )
     return SplitResult(

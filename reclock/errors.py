@@ -7,7 +7,15 @@ from "the source is broken for good" from "someone else owns this pipeline now".
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "DefiniteSourceError", "FencedError", "ReclockError", "StorageError", "TransientError"]
+__all__ = [
+    "ConfigError",
+    "DefiniteSourceError",
+    "FencedError",
+    "ReclockError",
+    "StorageError",
+    "TransientError",
+    "describe",
+]
 
 
 class ReclockError(Exception):
@@ -51,3 +59,13 @@ class StorageError(TransientError):
     operator, and goes on exactly where it was once the storage accepts writes again. It must never
     count as bad data, or a batch could be skipped because a disk was full.
     """
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` for status, logs and errors tables, with the type said once.
+
+    Some libraries' messages already start with their type (kafka-python's ``str()`` of a
+    ``KafkaTimeoutError`` is ``KafkaTimeoutError: Unable to bootstrap``).
+    """
+    name, text = type(exc).__name__, str(exc)
+    return text if text == name or text.startswith(f"{name}: ") else f"{name}: {text}"

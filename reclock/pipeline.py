@@ -23,6 +23,7 @@ labels skip what already landed (exactly once).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from persist.lake import NAME_PATTERN, Lake, sink_id
 from persist.remap import RemapTable, Skip
 from persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
 from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
-from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError
+from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError, describe
 from reclock.health import Health
 from reclock.time import Frontier, IntoTime, encode_partition
 from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, Split
@@ -65,8 +66,8 @@ class Settings:
 
     def __post_init__(self) -> None:
         for name in ("batch_interval", "idle_interval", "retry_backoff", "max_backoff"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, "must be >= 0")
+            if not 0 <= getattr(self, name) < math.inf:  # NaN fails too: it would never wait, or wait forever
+                raise ConfigError(name, f"must be a finite number >= 0, got {getattr(self, name)!r}")
         for name in ("max_batch", "file_rows"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, "must be >= 1")
@@ -138,6 +139,7 @@ class Pipeline:
         self.health = Health.STARTING
         self.last_error: str | None = None
         self._last_probe: Frontier | None = None
+        self._probing: _Call | None = None
         self._now = now
         self._on_step = on_step or (lambda step: None)
         self.outputs = _outputs_of(source)
@@ -187,8 +189,11 @@ class Pipeline:
 
     def step(self) -> BatchReport:
         """Catch up pending bindings, or else run steps 1 to 6 of the module docstring once."""
+        return self._step(None)
+
+    def _step(self, stop: threading.Event | None) -> BatchReport:
         if not self.pending:
-            self._probe_and_mint()
+            self._probe_and_mint(stop)
             self._on_step("minted")
         return self._run_batch()
 
@@ -224,7 +229,9 @@ class Pipeline:
 
         while not stop.is_set() and not self.finished:
             try:
-                report = self.step()
+                report = self._step(stop)
+            except _Interrupted:
+                break
             except BatchFailed as exc:
                 data = "data" in exc.kinds
                 spent = data and attempts >= self.settings.max_retries
@@ -291,7 +298,7 @@ class Pipeline:
 
     # -- steps ---------------------------------------------------------------------------------
 
-    def _probe_and_mint(self) -> None:
+    def _probe_and_mint(self, stop: threading.Event | None) -> None:
         # Step 1: probe.
         bindings = self.remap.bindings
         if bindings.is_closed:
@@ -301,7 +308,7 @@ class Pipeline:
         if end is not None and end.less_equal(bound):
             proposal = Frontier.closed()
         else:
-            probe = self.source.upper()
+            probe = self._upper(stop)
             if getattr(self.source, "forgets_partitions", False):
                 probe = bound.join(probe)
             self._last_probe = probe
@@ -316,6 +323,24 @@ class Pipeline:
         if proposal == bound and bindings.upper and now - (bindings.upper - 1) < self.settings.idle_interval * 1000:
             return
         self.remap.mint(max(now, bindings.upper), proposal)
+
+    def _upper(self, stop: threading.Event | None) -> Frontier:
+        """``source.upper()``, given up as soon as ``stop`` is set (then :class:`_Interrupted`).
+
+        A probe may wait long for a source that does not answer (a Kafka probe waits up to
+        ``read_timeout_s`` to bootstrap), and nothing is durable before the mint, so a stop need
+        not wait for it. The probe runs on a helper thread; one that was given up keeps running
+        and the next probe takes its answer instead of starting a second one beside it (the
+        source's upper never goes back, so an earlier answer is still a valid probe).
+        """
+        if stop is None:
+            return self.source.upper()
+        if self._probing is None:
+            self._probing = _Call(self.source.upper, f"reclock-probe-{self.name}")
+        if not self._probing.wait(stop):
+            raise _Interrupted
+        call, self._probing = self._probing, None
+        return call.result()
 
     def _run_batch(self) -> BatchReport:
         # Step 3: plan from the slowest output.
@@ -348,7 +373,7 @@ class Pipeline:
         )
         # Step 4: write.
         started = wall_clock_ms()
-        results = self.data_plane.run(plan, splits)
+        results = _in_split_order(self.data_plane.run(plan, splits), splits)
         report = BatchReport(
             hi, BatchState.SUCCEEDED, results=results, skips=skips, lower=lower, upper=upper, started_ms=started
         )
@@ -434,7 +459,7 @@ class Pipeline:
 
     def _mark_stalled(self, exc: BaseException) -> None:
         self.health = Health.STALLED
-        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.last_error = describe(exc)
         log.warning("pipeline %s: stalled, will retry: %s", self.name, self.last_error)
 
     def _backoff(self, stop: threading.Event, stalls: int) -> None:
@@ -442,8 +467,50 @@ class Pipeline:
 
     def _fail(self, exc: BaseException) -> None:
         self.health = Health.FAILED
-        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.last_error = describe(exc)
         log.error("pipeline %s failed: %s", self.name, self.last_error)
+
+
+class _Interrupted(Exception):
+    """A stop was asked for while the driver waited for the source; nothing was minted."""
+
+
+class _Call:
+    """``fn()`` on a daemon thread, whose caller can stop waiting for it."""
+
+    def __init__(self, fn: Callable[[], Frontier], name: str) -> None:
+        self._done = threading.Event()
+        self._value: Frontier | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+
+    def _run(self, fn: Callable[[], Frontier]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # handed to the waiting thread by result()
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, stop: threading.Event) -> bool:
+        """``True`` once the call returned; ``False`` as soon as ``stop`` is set before that."""
+        while not self._done.wait(0.05):
+            if stop.is_set():
+                return False
+        return True
+
+    def result(self) -> Frontier:
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
+
+
+def _in_split_order(results: list[SplitResult], splits: Sequence[Split]) -> list[SplitResult]:
+    """Results in the order of the planned splits (a plane may return them as its tasks ran), so
+    "first" in a failure and the order of status rows mean the source's order."""
+    position = {(s.partition, s.start): i for i, s in enumerate(splits)}
+    return sorted(results, key=lambda r: position.get((r.split.partition, r.split.start), len(position)))
 
 
 def _without(splits: Sequence[Split], skips: list[Skip]) -> list[Split]:

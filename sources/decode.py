@@ -106,10 +106,24 @@ class Decoder:
     def decode(self, values: Sequence[bytes | None], *, fail_fast: bool = False) -> Decoded:
         """Decode ``values``; every index lands in ``good`` or in ``errors``, never both.
 
-        With ``fail_fast`` (the ``fail`` policy) decoding stops at the first bad value found and
-        returns it as the only error with an empty batch: the caller is going to raise anyway.
+        With ``fail_fast`` (the ``fail`` policy) the only error returned, with an empty batch, is
+        the *first* bad value (lowest index): the caller is going to raise, naming it. Decoding
+        stops at the first bad value it finds, which the bulk parse and bisection may find out of
+        order, so the values before it are decoded again, until none of them is bad. A verdict
+        never depends on the other values, so this costs a few parses of shorter prefixes.
         """
-        faults: list[RecordFault] = _FailFast() if fail_fast else []
+        decoded = self._decode(values, _FailFast() if fail_fast else [])
+        if not (fail_fast and decoded.errors):
+            return decoded
+        first = decoded.errors[0]
+        while first[0] > 0:
+            earlier = self._decode(values[: first[0]], _FailFast()).errors
+            if not earlier:
+                break
+            first = earlier[0]
+        return Decoded(_empty(self.schema), _EMPTY, [first])
+
+    def _decode(self, values: Sequence[bytes | None], faults: list[RecordFault]) -> Decoded:
         try:
             if self.format == "bytes":
                 return _all_good(pa.RecordBatch.from_arrays([pa.array(values, pa.binary())], schema=self.schema))

@@ -64,6 +64,7 @@ compressed files, object stores.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import glob
 import json
@@ -775,10 +776,12 @@ class FilesSource(SourceBase):
         faults: list[tuple[int, str]] = []
         candidates = list(range(lo, hi))
         fail = self.on_record_error == "fail"
-        if not is_csv:
+        if is_csv:
+            candidates = _screen_utf8(records, candidates, faults, "invalid csv")
+        else:
             candidates = self._screen_json(records, candidates, faults)
-            if fail and faults:  # report the first bad record: parse only what precedes it
-                candidates = [k for k in candidates if k < min(faults)[0]]
+        if fail and faults:  # report the first bad record: parse only what precedes it
+            candidates = [k for k in candidates if k < min(faults)[0]]
 
         def parse(indices: list[int]) -> _Parsed:
             return self._parse_csv(records, indices) if is_csv else self._parse_json(records, indices)
@@ -862,21 +865,7 @@ class FilesSource(SourceBase):
                     kept.append(k)
                 else:
                     faults.append((k, f"invalid json: expected an object, got {text[:20]!r}"))
-        if not kept:
-            return kept
-        try:
-            block[records.starts[kept[0]] : records.stops[kept[-1]]].decode("utf-8")
-        except UnicodeDecodeError:
-            valid = []
-            for k in kept:
-                try:
-                    block[records.starts[k] : records.stops[k]].decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    faults.append((k, f"invalid json: not UTF-8 ({exc})"))
-                else:
-                    valid.append(k)
-            kept = valid
-        return kept
+        return _screen_utf8(records, kept, faults, "invalid json")
 
     def _json_likely_good(self, records: _Records, indices: list[int]) -> list[bool]:
         """A cheap Python guess whether pyarrow accepts each JSON line (syntax and field kinds)."""
@@ -1335,6 +1324,33 @@ def _json_kind(t: pa.DataType) -> Callable[[Any], bool]:
     if pa.types.is_string(t):
         return lambda v: isinstance(v, str)
     return lambda v: True
+
+
+def _screen_utf8(records: _Records, candidates: list[int], faults: list[tuple[int, str]], what: str) -> list[int]:
+    """The candidates that are valid UTF-8; the others become faults here, before any parse.
+
+    One check over their bytes when all are valid (the common case), else one per record.
+    pyarrow's JSON reader does not check UTF-8 inside strings, and its CSV reader hands a row
+    with the wrong number of fields to the ``invalid_row_handler`` as text: a row that is not
+    UTF-8 fails in that callback, where the error cannot be caught and only lands on stderr.
+    """
+    if not candidates:
+        return candidates
+    block = records.block
+    try:
+        span = memoryview(block)[records.starts[candidates[0]] : records.stops[candidates[-1]]]
+        codecs.utf_8_decode(span, None, True)
+    except UnicodeDecodeError:
+        valid = []
+        for k in candidates:
+            try:
+                block[records.starts[k] : records.stops[k]].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                faults.append((k, f"{what}: not UTF-8 ({exc})"))
+            else:
+                valid.append(k)
+        return valid
+    return candidates
 
 
 def _accept(

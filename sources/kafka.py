@@ -62,7 +62,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 
-from reclock.errors import ConfigError, DefiniteSourceError, TransientError
+from reclock.errors import ConfigError, DefiniteSourceError, TransientError, describe
 from reclock.time import Frontier, Partition, decode_partition, encode_partition
 from sources.base import ERRORS, LINEAGE_FIELDS, Output, RecordError, SourceBase, Split, debezium_schema, error_batch
 from sources.decode import Decoder, as_schema, make_decoder
@@ -285,7 +285,7 @@ class KafkaSource(SourceBase):
         except Exception as exc:
             self._drop_probe()
             if _is_transient(exc):
-                raise SourceTimeout(f"kafka probe failed: {_describe(exc)} ({self._where()})") from exc
+                raise SourceTimeout(f"kafka probe failed: {describe(exc)} ({self._where()})") from exc
             raise
         finally:
             _close(consumer)
@@ -443,7 +443,7 @@ class KafkaSource(SourceBase):
                 "kafka commit of %d partition offsets to group %r failed (advisory, will retry next batch): %s",
                 len(offsets),
                 self.group_id,
-                _describe(exc),
+                describe(exc),
             )
             client, self._commit_client = self._commit_client, None
             if client is not None:
@@ -531,7 +531,7 @@ class KafkaSource(SourceBase):
             return KafkaConsumer(**config)
         except Exception as exc:
             if _is_transient(exc):
-                raise SourceTimeout(f"kafka: cannot reach the brokers: {_describe(exc)} ({self._where()})") from exc
+                raise SourceTimeout(f"kafka: cannot reach the brokers: {describe(exc)} ({self._where()})") from exc
             raise
 
     def _read_consumer(self, deadline: float) -> Any:
@@ -621,7 +621,7 @@ class KafkaSource(SourceBase):
             try:
                 hints = {tp: o for tp, o in consumer.end_offsets(new, timeout_ms=self._ms()).items() if o}
             except Exception as exc:  # only a hint: fetch from the start instead
-                log.debug("kafka end_offsets hint failed: %s", _describe(exc))
+                log.debug("kafka end_offsets hint failed: %s", describe(exc))
         for tp in tps:
             known = self._known.get((tp.topic, tp.partition))
             consumer.seek(tp, known if known is not None else max(0, hints.get(tp, 0) - 1))
@@ -659,7 +659,7 @@ class KafkaSource(SourceBase):
             if consumer is None:
                 self._drop_probe()
             if _is_transient(exc):
-                raise SourceTimeout(f"kafka low watermarks: {_describe(exc)} ({self._where()})") from exc
+                raise SourceTimeout(f"kafka low watermarks: {describe(exc)} ({self._where()})") from exc
             raise
         return {(tp.topic, tp.partition): int(o) for tp, o in lows.items() if o is not None}
 
@@ -691,7 +691,7 @@ class KafkaSource(SourceBase):
             except Exception as exc:
                 self._drop_probe()
                 if _is_transient(exc):
-                    raise SourceTimeout(f"kafka offsets_for_times: {_describe(exc)} ({self._where()})") from exc
+                    raise SourceTimeout(f"kafka offsets_for_times: {describe(exc)} ({self._where()})") from exc
                 raise
             for tp, hit in found.items():
                 key = (tp.topic, tp.partition)
@@ -706,26 +706,26 @@ class KafkaSource(SourceBase):
         route = buf.route
         offsets = np.asarray(buf.offsets, dtype=np.int64)
         values = buf.values
-        decoded = route.decoder.decode(values, fail_fast=self.on_record_error == "fail")
-        if decoded.errors and self.on_record_error == "fail":
-            self._fail(route, topic, kpart, offsets, decoded.errors[0], buf)
-        faults = list(decoded.errors)
-        good = decoded.good
-        payload = decoded.batch
+        fail = self.on_record_error == "fail"
+        decoded = route.decoder.decode(values, fail_fast=fail)
         meta_columns: list[pa.Array] = []
+        key_faults: list[tuple[int, str, str]] = []
         names = [column for _, column in route.metadata]
         if route.metadata:
             meta_columns, key_faults = self._metadata_columns(buf, route, topic, kpart, offsets)
-            if key_faults:
-                decoded_ok = set(good.tolist())
-                key_faults = [f for f in key_faults if f[0] in decoded_ok]  # one fault per record
-            if key_faults:
-                faults = sorted(faults + key_faults)
-                keep = ~np.isin(good, [i for i, _, _ in key_faults])
-                payload = payload.filter(pa.array(keep))
-                good = good[keep]
-        if faults and self.on_record_error == "fail":
-            self._fail(route, topic, kpart, offsets, faults[0], buf)
+        if fail and (decoded.errors or key_faults):  # name the first bad record, value or key
+            self._fail(route, topic, kpart, offsets, min(decoded.errors[:1] + key_faults[:1]), buf)
+        faults = list(decoded.errors)
+        good = decoded.good
+        payload = decoded.batch
+        if key_faults:
+            decoded_ok = set(good.tolist())
+            key_faults = [f for f in key_faults if f[0] in decoded_ok]  # one fault per record
+        if key_faults:
+            faults = sorted(faults + key_faults)
+            keep = ~np.isin(good, [i for i, _, _ in key_faults])
+            payload = payload.filter(pa.array(keep))
+            good = good[keep]
         if len(good):
             take = pa.array(good)
             columns = [
@@ -1115,15 +1115,10 @@ def _bounded(call: Any, timeout_s: float, what: str) -> Any:
     return result["value"]
 
 
-def _describe(exc: BaseException) -> str:
-    """An exception's type and message; kafka-python messages carry no client settings."""
-    return f"{type(exc).__name__}: {exc}"
-
-
 def _close(client: Any) -> None:
     try:
         client.close(autocommit=False, timeout_ms=1000)
     except TypeError:
         client.close()
     except Exception as exc:  # closing is best effort
-        log.debug("closing a kafka client failed: %s", _describe(exc))
+        log.debug("closing a kafka client failed: %s", describe(exc))

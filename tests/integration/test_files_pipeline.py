@@ -229,9 +229,7 @@ def cli_file_states(tmp_path: Path, capsys) -> dict[tuple[str, int], dict]:
     return {(r["path"], r["generation"]): r for r in json.loads(capsys.readouterr().out)}
 
 
-def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_accepts_every_loaded_file(
-    tmp_path, capsys
-):
+def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_accepts_every_loaded_file(tmp_path, capsys):
     """A job SIGKILLed six times, each at a random moment after it landed a batch: after every kill
     ``reclock files`` says Loaded for exactly the files whose rows are in the output (read from the
     parquet files the ``_delta_log`` lists), and ``drop-file`` then accepts every one of them. A

@@ -235,3 +235,16 @@ def test_a_status_left_by_a_killed_job_reads_dead_not_running(tmp_path, small_la
     status = _status(lake)
     assert status["health"] == "dead"  # ... the reader does not believe it
     assert f"pid {job.pid}" in status["last_error"]
+
+
+def test_starting_on_a_read_only_lake_is_one_line_not_a_traceback(tmp_path, small_lake):
+    lake = small_lake / "lake"
+    job, _ = _start(tmp_path, lake)
+    job.send_signal(signal.SIGTERM)
+    job.wait(60)
+    subprocess.run(["mount", "-o", "remount,ro", str(small_lake)], check=True)
+    started = _reclock(lake, "start", "ingest", "--max-seconds", "5")
+    assert started.returncode == 1
+    assert "Traceback" not in started.stderr
+    assert len(started.stderr.strip().splitlines()) == 1, started.stderr
+    assert "Read-only file system" in started.stderr

@@ -7,6 +7,7 @@ import contextlib
 import pyarrow as pa
 import pytest
 
+from reclock.dataplane import LocalDataPlane
 from reclock.errors import TransientError
 from reclock.health import Health
 from reclock.pipeline import BatchFailed, BatchState, Pipeline, Settings
@@ -174,3 +175,45 @@ def test_a_batch_some_output_already_holds_is_never_skipped_it_fails_instead(tmp
     after = tables(tmp_path, "p")
     assert after["_errors"] == [] and after["clicks"] == landed["clicks"]
     assert restarted.remap.skips == []
+
+
+class LastFirstPlane(LocalDataPlane):
+    """A data plane that returns its results as tasks might finish: the last split first."""
+
+    def run(self, plan, splits):
+        return super().run(plan, splits)[::-1]
+
+
+def test_a_failed_batch_names_its_first_failed_split_in_the_sources_order(tmp_path):
+    source = PoisonSource(poison={"a", "b"})
+    source.append("a", "clicks", [{"user": 1}])
+    source.append("b", "clicks", [{"user": 2}])
+    source.append("c", "clicks", [{"user": 3}])
+    knobs = Settings(max_retries=0, retry_backoff=0, stop_on_error=True)
+    pipeline = Pipeline("p", tmp_path, source, data_plane=LastFirstPlane(), now=FakeClock(1000), settings=knobs)
+    with pytest.raises(BatchFailed, match=r"2 of 3 splits failed; first: partition a offsets \[0, 1\)") as failed:
+        pipeline.step()
+    assert [r.split.partition for r in failed.value.report.results] == ["a", "b", "c"]
+
+
+class SelfNamedError(Exception):
+    """Like kafka-python's errors, whose message already starts with their type."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}: {super().__str__()}"
+
+
+class SelfNamedFailure(MemorySource):
+    def read(self, split):
+        raise SelfNamedError("Unable to bootstrap")
+
+
+def test_an_error_whose_message_names_its_type_is_reported_with_the_type_once(tmp_path):
+    source = SelfNamedFailure(SCHEMAS)
+    source.append("a", "clicks", [{"user": 1}])
+    knobs = Settings(max_retries=0, retry_backoff=0, stop_on_error=True)
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs)
+    with pytest.raises(BatchFailed) as failed:
+        pipeline.run()
+    assert failed.value.report.results[0].error == "SelfNamedError: Unable to bootstrap"
+    assert pipeline.last_error.count("SelfNamedError") == 1

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
 
+import pyarrow.parquet as pq
 import pytest
 
 from persist.asof import CLOSED_UPPER
@@ -180,3 +182,221 @@ def test_small_batches_run_in_the_driver_and_large_ones_on_the_other_plane(tmp_p
     assert local.sizes == [999] and spark.sizes == [1_000]
     config = load_config(write(tmp_path, GOOD + "\n[spark]\nsmall_batch_offsets = 0\n"))
     assert config.small_batch_offsets == 0
+
+
+# -- mistakes end in one line naming the field, never a traceback ---------------------------------
+
+
+def one_line_error(capsys, argv: list[str]) -> str:
+    """Run the CLI in process (an uncaught exception fails the test) and return its one stderr line."""
+    with pytest.raises(SystemExit) as exited:
+        sys.exit(main(argv))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in err[0], err
+    return err[0]
+
+
+def test_a_config_file_that_is_not_utf8_or_not_a_file_is_one_line(tmp_path, capsys):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(GOOD.replace('"orders"', '"caf\xe9"').encode("latin-1"))
+    assert "latin1.toml: file: is not UTF-8 text" in one_line_error(capsys, ["create", str(path)])
+    assert f"{tmp_path}: file: is a directory" in one_line_error(capsys, ["create", str(tmp_path)])
+
+
+def test_a_source_without_a_required_option_names_it(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace('kind = "generator"\npartitions = 2\nlimit = 20000', 'kind = "files"'))
+    assert "source.path: missing" in one_line_error(capsys, ["create", str(path)])
+    kafka = write(tmp_path, GOOD.replace('kind = "generator"\npartitions = 2\nlimit = 20000', 'kind = "kafka"'))
+    assert "source.bootstrap_servers: missing" in one_line_error(capsys, ["create", str(kafka)])
+
+
+def test_a_lake_that_is_a_file_is_one_line(tmp_path, capsys):
+    (tmp_path / "lake").write_text("not a folder")
+    line = one_line_error(capsys, ["create", str(write(tmp_path, GOOD))])
+    assert "lake: " in line and "is a file" in line
+    for command in (["status"], ["start", "orders"], ["errors", "orders"]):
+        assert "is a file" in one_line_error(capsys, ["--lake", str(tmp_path / "lake" / "sub"), *command])
+
+
+@pytest.mark.parametrize("key", ["batch_interval", "idle_interval", "retry_backoff", "max_backoff"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_intervals_are_refused(tmp_path, capsys, key, value):
+    path = write(tmp_path, GOOD.replace("max_batch = 5000", f"{key} = {value}"))
+    line = one_line_error(capsys, ["create", str(path)])
+    assert f"pipeline.{key}: must be a finite number >= 0" in line
+
+
+def test_non_finite_retention_is_refused(tmp_path, capsys):
+    path = write(tmp_path, GOOD.replace("max_batch = 5000", "status_retention_days = nan"))
+    line = one_line_error(capsys, ["create", str(path)])
+    assert "pipeline.status_retention_days: must be a finite number > 0" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "argument"),
+    [
+        (["start", "orders", "--max-seconds", "nan"], "--max-seconds"),
+        (["start", "orders", "--max-seconds", "inf"], "--max-seconds"),
+        (["start", "orders", "--max-seconds", "-1"], "--max-seconds"),
+        (["stop", "orders", "--wait", "nan"], "--wait"),
+        (["batches", "orders", "--limit", "-5"], "--limit"),
+        (["files", "orders", "--limit", "-5"], "--limit"),
+        (["errors", "orders", "--limit", "-5"], "--limit"),
+        (["demo", "--rate", "inf"], "--rate"),
+        (["demo", "--events", "-1"], "--events"),
+    ],
+)
+def test_command_line_numbers_out_of_range_are_one_line_naming_the_argument(tmp_path, capsys, argv, argument):
+    assert main(["create", str(write(tmp_path, GOOD))]) == 0
+    capsys.readouterr()
+    line = one_line_error(capsys, ["--lake", str(tmp_path / "lake"), *argv])
+    assert f"argument {argument}: must be" in line
+
+
+def test_status_piped_into_a_reader_that_goes_away_ends_quietly(tmp_path):
+    """``reclock status | head -1``: the reader closes the pipe; no BrokenPipeError on stderr."""
+    assert main(["create", str(write(tmp_path, GOOD))]) == 0
+    status = subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", str(tmp_path / "lake"), "status"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    status.stdout.close()  # before it writes: every write now fails with EPIPE
+    err = status.stderr.read().decode()
+    assert status.wait(timeout=60) in (0, 141), err
+    assert err == ""
+
+
+# -- status over a lake with a broken table -----------------------------------------------------
+
+
+def test_status_shows_an_unreadable_output_in_its_row_and_still_lists_the_others(tmp_path, capsys):
+    assert main(["create", str(write(tmp_path, GOOD))]) == 0
+    assert main(["create", str(write(tmp_path, GOOD.replace('"orders"', '"clicks"')))]) == 0
+    lake = tmp_path / "lake"
+    assert main(["--lake", str(lake), "start", "orders"]) == 0
+    assert main(["--lake", str(lake), "start", "clicks"]) == 0
+    log = lake / "orders" / "outputs" / "bids" / "_delta_log"
+    for entry in log.glob("*.json"):
+        entry.write_text("this is not a Delta log entry\n")
+    capsys.readouterr()
+    assert main(["--lake", str(lake), "status", "--json"]) == 0
+    rows = {r["pipeline"]: r for r in json.loads(capsys.readouterr().out)}
+    assert "cannot read output 'bids'" in rows["orders"]["unreadable"]
+    assert rows["orders"]["outputs"]["bids"] == [None, None] and rows["orders"]["outputs"]["persons"][0] > 0
+    assert rows["clicks"]["unreadable"] is None and rows["clicks"]["readable_upper"] == CLOSED_UPPER
+    assert sum(n for n, _ in rows["clicks"]["outputs"].values()) == 20_000
+    assert main(["--lake", str(lake), "status"]) == 0
+    table = capsys.readouterr().out
+    assert "cannot read output 'bids'" in table and "clicks outputs:" in table
+    assert len(table.split("\n\n")[0].splitlines()) == 4  # header, rule, one line per pipeline
+
+
+def test_status_counts_rows_of_files_committed_without_statistics(tmp_path, capsys):
+    """Delta add actions may carry no ``numRecords`` (another writer); the footer has the count."""
+    assert main(["create", str(write(tmp_path, GOOD))]) == 0
+    lake = tmp_path / "lake"
+    assert main(["--lake", str(lake), "start", "orders"]) == 0
+    bids = lake / "orders" / "outputs" / "bids"
+    entries = sorted((bids / "_delta_log").glob("*.json"))
+    for entry in entries:
+        actions = [json.loads(line) for line in entry.read_text().splitlines()]
+        for action in actions:
+            action.get("add", {}).pop("stats", None)
+        entry.write_text("".join(json.dumps(a) + "\n" for a in actions))
+    truth = sum(pq.ParquetFile(p).metadata.num_rows for p in bids.glob("*.parquet"))
+    capsys.readouterr()
+    assert main(["--lake", str(lake), "status", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["outputs"]["bids"][0] == truth > 0 and row["unreadable"] is None
+
+
+def test_a_second_start_of_a_running_pipeline_is_refused(tmp_path, capsys):
+    job, _ = start_running_job(tmp_path)
+    try:
+        capsys.readouterr()
+        assert main(["--lake", str(tmp_path / "lake"), "start", "orders"]) == 1
+        err = capsys.readouterr().err
+        assert f"pipeline 'orders' is already running (pid {job.pid})" in err
+    finally:
+        job.terminate()
+        assert job.wait(timeout=60) == 0
+
+
+# -- a Kafka pipeline whose broker is down (nothing listens on its port: no broker needed) ------
+
+KAFKA = """
+[pipeline]
+name = "events"
+lake = "lake"
+engine = "local"
+retry_backoff = 0.2
+
+[source]
+kind = "kafka"
+bootstrap_servers = "127.0.0.1:{port}"
+topics = ["events"]
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_job(lake, name: str, max_seconds: float) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name, "--max-seconds", str(max_seconds)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    return done, time.monotonic() - started
+
+
+def test_max_seconds_holds_while_the_kafka_broker_is_down(tmp_path):
+    """A probe waits up to read_timeout_s (30 s by default) for a broker; a stop must not."""
+    assert main(["create", str(write(tmp_path, KAFKA.format(port=free_port())))]) == 0
+    done, elapsed = start_job(tmp_path / "lake", "events", 3)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert elapsed < 3 + 6  # a timeout contract with a generous margin (start-up, final status writes)
+    assert json.loads((tmp_path / "lake" / "events" / "status.json").read_text())["health"] == "stopped"
+
+
+def test_a_number_valued_secret_is_masked_in_the_status_table_and_status(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RECLOCK_TEST_SSL_PASSWORD", "hunter2-from-env")  # the job subprocess inherits it
+    text = KAFKA.format(port=free_port()) + (
+        "read_timeout_s = 1\n"
+        "[source.client_settings]\n"
+        "sasl_plain_password = 99887766\n"  # a number in TOML: masked by its key, not by its type
+        'ssl_password = "${RECLOCK_TEST_SSL_PASSWORD}"\n'
+    )
+    assert main(["create", str(write(tmp_path, text))]) == 0
+    lake = tmp_path / "lake"
+    done, _ = start_job(lake, "events", 3)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "stalled" in done.stderr and "KafkaTimeoutError: Unable to bootstrap" in done.stderr
+    assert "KafkaTimeoutError: KafkaTimeoutError" not in done.stderr  # the type is said once
+    # The pipelines status table, read from its parquet files (every one of them, even removed ones).
+    files = list((lake / "_status" / "pipelines").glob("*.parquet"))
+    configs = [c for f in files for c in pq.read_table(f, columns=["config"]).column("config").to_pylist()]
+    assert configs and all('"sasl_plain_password": "***"' in c and '"ssl_password": "***"' in c for c in configs)
+    capsys.readouterr()
+    assert main(["--lake", str(lake), "status", "--json"]) == 0
+    shown = capsys.readouterr().out + done.stdout + done.stderr + (lake / "events" / "status.json").read_text()
+    for secret in ("99887766", "hunter2-from-env"):
+        assert secret not in shown and not any(secret in c for c in configs)
+    definition = (lake / "events" / "definition.json").read_text()
+    assert "${RECLOCK_TEST_SSL_PASSWORD}" in definition and "hunter2-from-env" not in definition
+
+
+@pytest.mark.parametrize("value", ["hunter2-from-env", "-3"])
+def test_an_invalid_value_from_the_environment_is_named_but_never_shown(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("RECLOCK_TEST_KPASS", value)
+    text = KAFKA.format(port=free_port()) + 'read_timeout_s = "${RECLOCK_TEST_KPASS}"\n'
+    line = one_line_error(capsys, ["create", str(write(tmp_path, text))])
+    assert "source.read_timeout_s: " in line and "${RECLOCK_TEST_KPASS}" in line
+    assert value not in line

@@ -318,3 +318,30 @@ def test_fail_fast_stops_at_the_first_bad_value():
     out = make_decoder("json", SCHEMA).decode(values, fail_fast=True)
     assert out.batch.num_rows == 0 and len(out.errors) == 1
     assert out.errors[0][0] in (5000, *range(5001, 10001))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "values", "first"),
+    [
+        ("json", [b'{"id": "x"}', b"null", b'{"id": 1}'], 0),  # the screen sees 1 before the parse sees 0
+        ("csv", [b"1,a,1.5", b"x,b,2", b"", b"2,c,3"], 1),  # the empty record is found before the parse
+    ],
+)
+def test_fail_fast_names_the_first_bad_value_whichever_check_finds_one_first(fmt, values, first):
+    out = make_decoder(fmt, SCHEMA).decode(values, fail_fast=True)
+    assert out.batch.num_rows == 0 and [i for i, _, _ in out.errors] == [first]
+
+
+_JSON_POOL = [b'{"id": 1}', b'{"id": 2, "name": "b"}', b'{"id": "x"}', b"null", b"[1]", b"", b'{"id": 1', None]
+
+
+@settings(max_examples=60)
+@given(st.lists(st.sampled_from(_JSON_POOL), min_size=1, max_size=40))
+def test_fail_fast_finds_the_same_first_fault_as_a_full_decode(values):
+    dec = make_decoder("json", SCHEMA)
+    full = dec.decode(values)
+    fast = dec.decode(values, fail_fast=True)
+    if full.errors:
+        assert fast.errors == full.errors[:1] and fast.batch.num_rows == 0
+    else:
+        assert fast.errors == [] and fast.batch == full.batch

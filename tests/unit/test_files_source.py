@@ -8,6 +8,8 @@ import io
 import json
 import os
 import pickle
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -263,6 +265,36 @@ def test_bad_lines_go_to_errors_with_line_number_and_raw_text(tmp_path: Path) ->
         for e, (_, _, m, _) in zip(errors, expected, strict=True)
     ] == expected
     assert {e["kind"] for e in errors} == {PARSE}
+
+
+def test_csv_lines_that_are_not_utf8_go_to_errors_and_print_nothing(tmp_path: Path) -> None:
+    """pyarrow hands a CSV row with the wrong number of fields to a Python callback as text; a
+    row that is not UTF-8 failed inside that callback, uncatchable, and printed a traceback
+    ("Exception ignored ...") per row. Read in a subprocess, so its stderr is what a user sees."""
+    good = [b"%d,n%d" % (i, i) for i in range(50)]
+    latin1 = [b"%d,caf\xe9,extra" % i for i in range(50, 110)] + [b"%d,caf\xe9" % i for i in range(110, 120)]
+    lines = [b"id,name", *good, *latin1]
+    data = b"\n".join(lines) + b"\n"
+    write(tmp_path / "in" / "a.csv", data)
+    script = (
+        "import json; from reclock.time import Frontier; from sources.files import FilesSource\n"
+        f"source = FilesSource(path={str(tmp_path / 'in')!r}, columns={COLUMNS!r})\n"
+        "out = {}\n"
+        "for split in source.splits(Frontier(), source.upper()):\n"
+        "    for name, batch in source.read(split):\n"
+        "        out.setdefault(name, []).extend(batch.to_pylist())\n"
+        "print(json.dumps([[r['id'] for r in out['rows']],"
+        " [[e['_offset'], e['raw'].decode('latin-1'), e['message']] for e in out['_errors']]]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-3000:]
+    ids, errors = json.loads(done.stdout)
+    assert ids == list(range(50))
+    starts = line_starts(data)
+    assert [(offset, raw) for offset, raw, _ in errors] == [
+        (starts[k], lines[k].decode("latin-1")) for k in range(51, len(lines))
+    ]
+    assert [message.split(": ", 1)[0] for _, _, message in errors] == [f"a.csv line {k + 1}" for k in range(51, 121)]
 
 
 def test_raw_text_of_a_bad_record_is_cut_at_one_mebibyte(tmp_path: Path) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
@@ -13,6 +16,7 @@ from persist.lake import Lake
 from persist.read import read_table
 from reclock import Frontier
 from reclock.errors import DefiniteSourceError
+from reclock.health import Health
 from reclock.pipeline import Pipeline, Settings
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 
@@ -298,3 +302,40 @@ def test_splits_pack_into_balanced_tasks_and_none_is_lost():
     loads = sorted(sum(s.end - s.start for s in g) for g in groups)
     assert loads == [50, 50, 60, 90]  # largest first into the least loaded task
     assert _pack(splits[:2], 4) == [[splits[0]], [splits[1]]]
+
+
+class UnansweredProbe(MemorySource):
+    """A source whose probe does not answer until released (a broker that is down)."""
+
+    def __init__(self) -> None:
+        super().__init__(SCHEMAS)
+        self.release = threading.Event()
+        self.probing = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def upper(self) -> Frontier:
+        with self._lock:
+            self.probing += 1
+            self.most_at_once = max(self.most_at_once, self.probing)
+        self.release.wait(60)
+        with self._lock:
+            self.probing -= 1
+        return super().upper()
+
+
+def test_a_stop_is_heard_while_a_probe_waits_and_the_next_run_takes_its_answer(tmp_path):
+    source = UnansweredProbe()
+    source.append(0, "clicks", [{"user": 1}])
+    pipeline = Pipeline("pipe", tmp_path, source, now=FakeClock(1000))
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    started = time.monotonic()
+    pipeline.run(stop)
+    assert time.monotonic() - started < 5  # not the 60 s the probe would wait
+    assert pipeline.health is Health.STOPPED and len(pipeline.remap.bindings) == 0  # nothing was minted
+    source.finish()
+    threading.Timer(0.3, source.release.set).start()
+    pipeline.run()  # waits for the probe given up above instead of starting a second one beside it
+    assert pipeline.finished and source.most_at_once == 1
+    assert [r["user"] for r in tables(tmp_path)["clicks"]] == [1]

@@ -312,6 +312,22 @@ def test_bad_records_go_to_errors_with_coordinates_or_fail_the_read(broker, topi
         _read_all(fail, fail.splits(Frontier(), fail.upper()))
 
 
+def test_the_fail_policy_names_the_first_bad_record_whether_its_value_or_its_key_is_bad(broker, topic, produce):
+    name = topic()
+    # Offset 0's value has a wrong type, offset 1's is no object: a cheaper check finds 1 first.
+    produce.send(name, [b'{"id": "x"}', b"null", b'{"id": 2}'])
+    fail = _source(broker, topics=[name], format="json", schema=SCHEMA, on_record_error="fail")
+    with pytest.raises(RecordError, match=rf"{re.escape(name)}\[0\]@0 could not be decoded"):
+        _read_all(fail, fail.splits(Frontier(), fail.upper()))
+    keyed = topic()
+    produce.send(keyed, [b'{"id": 1}', b"null"], keys=[b"\xff", b"k"])  # offset 0: a text key that is not UTF-8
+    options = {"format": "json", "schema": SCHEMA, "metadata": ["key"], "key_format": "text"}
+    fail = _source(broker, topics=[keyed], on_record_error="fail", **options)
+    first = rf"{re.escape(keyed)}\[0\]@0 could not be decoded \(decode\): invalid UTF-8 key"
+    with pytest.raises(RecordError, match=first):
+        _read_all(fail, fail.splits(Frontier(), fail.upper()))
+
+
 def test_metadata_columns_carry_key_headers_and_timestamp(broker, topic, produce):
     name = topic()
     produce.send(
