@@ -8,6 +8,10 @@ and that the campaign's checks flag a lost, duplicated, unexpected, altered or m
 
 from __future__ import annotations
 
+import re
+import shlex
+from pathlib import Path
+
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from hypothesis import given, settings
@@ -15,7 +19,7 @@ from hypothesis import strategies as st
 
 from persist.remap import RemapTable
 from reclock.time import encode_partition
-from tests.faults.crash import Report, _check_appended, _check_stamps
+from tests.faults.crash import Report, _check_appended, _check_stamps, parser
 from tests.faults.reader import DeltaLog, Remap, checkpoint_agrees, label_of, read_rows
 from tests.unit.strategies import binding_lists, partitions
 
@@ -90,3 +94,11 @@ def test_the_checks_flag_lost_duplicated_unexpected_altered_and_misstamped_rows(
 
 def _binding(time: int, partition: str, offset: int) -> dict:
     return {"into_ts": time, "partition": partition, "offset": offset, "closed": False, "skip_start": None}
+
+
+def test_the_long_mode_command_in_the_reliability_guide_parses():
+    """docs/reliability.md quotes the long campaign's command; its flags must exist."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    (command,) = re.findall(r"^PYTHONPATH=.*-m tests\.faults\.crash(.*)$", guide, re.MULTILINE)
+    args = parser().parse_args(shlex.split(command))
+    assert args.kills >= 100 and args.spark_kills >= 1
