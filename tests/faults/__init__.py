@@ -1,0 +1,1 @@
+"""Fault injection: the crash-anywhere harness and the independent lake reader it checks with."""

@@ -1,0 +1,165 @@
+"""An independent reader of reclock's lake: the Delta log parsed by hand, the reclock rule re-derived.
+
+The fault tests must not trust the code they test, so nothing here imports ``persist`` or
+``reclock``: a table's live files come from replaying its ``_delta_log`` (the newest parquet
+checkpoint, then the JSON commits after it), the rows from reading those files with pyarrow, an
+output's label from its ``txn`` actions, and a row's expected ``_into_ts`` from the remap table's
+rows with the rule of the design restated here: record ``(p, o)`` belongs to the least binding time
+``T`` whose frontier ``R(T)`` has ``o < R(T)[p]``, where ``R(T)[p]`` is the largest offset any
+binding at or before ``T`` recorded for ``p`` (a closed binding covers everything).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from bisect import bisect_right
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = ["DeltaLog", "Remap", "checkpoint_agrees", "label_of", "read_rows"]
+
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet$")
+
+
+@dataclass
+class DeltaLog:
+    """The live state of one Delta table, brought up to date by :meth:`refresh`.
+
+    Commit files are immutable once they exist, so a refresh only parses the versions it has not
+    seen: cheap enough to poll every 100 ms while a job writes. ``from_checkpoint`` makes the first
+    refresh start from the newest checkpoint instead of version 0, which is how a real reader
+    starts and what :func:`checkpoint_agrees` compares against a full replay.
+    """
+
+    path: Path
+    from_checkpoint: bool = False
+    version: int = -1
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    txns: dict[str, int] = field(default_factory=dict)
+
+    def refresh(self) -> DeltaLog:
+        log = self.path / "_delta_log"
+        if not log.is_dir():
+            return self
+        names = [p.name for p in log.iterdir()]
+        commits = sorted(int(m.group(1)) for m in map(_COMMIT.match, names) if m)
+        if self.version < 0 and (self.from_checkpoint or (commits and commits[0] > 0)):
+            checkpoints = sorted({int(m.group(1)) for m in map(_CHECKPOINT.match, names) if m})
+            if checkpoints:
+                self._load_checkpoint(log, checkpoints[-1], names)
+        for version in commits:
+            if version <= self.version:
+                continue
+            if version != self.version + 1:
+                raise AssertionError(f"{log}: commit {version} follows {self.version}: the log has a gap")
+            for line in (log / f"{version:020d}.json").read_text().splitlines():
+                if line.strip():
+                    self._apply(json.loads(line))
+            self.version = version
+        return self
+
+    def uris(self) -> list[str]:
+        return [self._local(p) for p in sorted(self.files)]
+
+    def _load_checkpoint(self, log: Path, version: int, names: list[str]) -> None:
+        prefix = f"{version:020d}.checkpoint"
+        for name in sorted(n for n in names if n.startswith(prefix) and n.endswith(".parquet")):
+            for row in pq.read_table(log / name).to_pylist():
+                self._apply({k: v for k, v in row.items() if v is not None})
+        self.version = version
+
+    def _apply(self, action: dict[str, Any]) -> None:
+        if "add" in action:
+            self.files[unquote(action["add"]["path"])] = action["add"]
+        elif "remove" in action:
+            self.files.pop(unquote(action["remove"]["path"]), None)
+        elif "txn" in action:
+            txn = action["txn"]
+            self.txns[txn["appId"]] = max(self.txns.get(txn["appId"], -1), int(txn["version"]))
+
+    def _local(self, path: str) -> str:
+        if "://" in path:
+            return urlparse(path).path
+        return str(self.path / path)
+
+
+def read_rows(log: DeltaLog, columns: list[str] | None = None) -> pa.Table | None:
+    """The table's rows at the log's version (``None`` before its first commit)."""
+    uris = log.uris()
+    if log.version < 0:
+        return None
+    if not uris:
+        return pa.table({c: [] for c in columns or []})
+    pieces = [pq.read_table(u, columns=columns) for u in uris]
+    return pa.concat_tables(pieces, promote_options="default")
+
+
+def label_of(log: DeltaLog, app_id: str) -> int | None:
+    """The newest transaction label ``app_id`` committed (the binding time an output holds)."""
+    return log.txns.get(app_id)
+
+
+def checkpoint_agrees(path: Path) -> bool | None:
+    """Whether the newest checkpoint plus later commits gives the live files a full replay does
+    (``None`` when the table has no checkpoint, so there is nothing to compare)."""
+    log = path / "_delta_log"
+    if not any(_CHECKPOINT.match(p.name) for p in log.iterdir()):
+        return None
+    full = DeltaLog(path).refresh()
+    from_checkpoint = DeltaLog(path, from_checkpoint=True).refresh()
+    return full.version == from_checkpoint.version and set(full.files) == set(from_checkpoint.files)
+
+
+class Remap:
+    """The bindings of a remap table's rows, and the reclock rule over them.
+
+    Rows are ``(into_ts, partition, offset, closed, skip_start)``; a row with ``skip_start`` set
+    records a skipped range, not a binding. Partitions stay as the encoded strings the output rows
+    carry in ``_partition``, so no decoding is involved in the comparison.
+    """
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.skips = [r for r in rows if r["skip_start"] is not None]
+        bindings = sorted((r for r in rows if r["skip_start"] is None), key=lambda r: r["into_ts"])
+        self.times = sorted({r["into_ts"] for r in bindings})
+        self.closed_at = min((r["into_ts"] for r in bindings if r["closed"]), default=None)
+        self._uppers: dict[str, tuple[list[int], list[int]]] = {}
+        for r in bindings:
+            if r["partition"] is None:
+                continue
+            uppers, times = self._uppers.setdefault(r["partition"], ([], []))
+            if not uppers or r["offset"] > uppers[-1]:
+                uppers.append(r["offset"])
+                times.append(r["into_ts"])
+
+    @classmethod
+    def read(cls, path: Path) -> Remap:
+        table = read_rows(DeltaLog(path).refresh())
+        return cls(table.to_pylist() if table is not None else [])
+
+    def stamp(self, partition: str, offset: int) -> int | None:
+        """The least binding time whose frontier covers ``(partition, offset)``; ``None`` if none."""
+        uppers, times = self._uppers.get(partition, ([], []))
+        i = bisect_right(uppers, offset)
+        if i < len(uppers):
+            return times[i]
+        return self.closed_at
+
+    def frontier_at(self, time: int) -> dict[str, int]:
+        """``R(time)``: per partition, the first offset not covered by a binding at or before ``time``."""
+        out = {}
+        for partition, (uppers, times) in self._uppers.items():
+            i = bisect_right(times, time)
+            if i:
+                out[partition] = uppers[i - 1]
+        return out
+
+    def is_closed_at(self, time: int) -> bool:
+        return self.closed_at is not None and self.closed_at <= time
