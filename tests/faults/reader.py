@@ -28,6 +28,10 @@ _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet$")
 
 
+def _not_json(constant: str) -> None:
+    raise AssertionError(f"{constant} in a Delta log entry is not JSON: strict readers cannot open the table")
+
+
 @dataclass
 class DeltaLog:
     """The live state of one Delta table, brought up to date by :meth:`refresh`.
@@ -61,7 +65,7 @@ class DeltaLog:
                 raise AssertionError(f"{log}: commit {version} follows {self.version}: the log has a gap")
             for line in (log / f"{version:020d}.json").read_text().splitlines():
                 if line.strip():
-                    self._apply(json.loads(line))
+                    self._apply(json.loads(line, parse_constant=_not_json))
             self.version = version
         return self
 

@@ -52,6 +52,5 @@ def test_the_consumer_groups_committed_offsets_never_ran_ahead_of_the_outputs(re
     assert report.group_final == report.acked_ends  # and the group ends holding every acked record
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8 defect 3: file states lost on SIGKILL")
 def test_reclock_files_lists_every_loaded_file(report):
     assert report.files_unlisted == []

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.outside import read_delta, transaction_versions
+from tests.faults.reader import DeltaLog, label_of, read_rows
 
 pytestmark = [
     pytest.mark.integration,
@@ -143,18 +143,17 @@ def _fill(mount: Path) -> Path:
 
 
 def _output_rows(lake: Path) -> Counter:
-    table = read_delta(lake / "ingest" / "outputs" / "rows")
-    return Counter(table.column("id").to_pylist()) if table.num_columns else Counter()
+    table = read_rows(DeltaLog(lake / "ingest" / "outputs" / "rows").refresh(), ["id"])
+    return Counter(table.column("id").to_pylist()) if table is not None else Counter()
 
 
 def _check_exactly_once(lake: Path, ids: list[int]) -> None:
     got = _output_rows(lake)
     assert not [i for i, n in got.items() if n > 1], "duplicated rows"
     assert set(got) == set(ids), f"missing {len(set(ids) - set(got))}, unexpected {len(set(got) - set(ids))}"
-    errors = read_delta(lake / "ingest" / "outputs" / "_errors")
-    assert errors.num_rows == 0, errors.to_pylist()[:3]  # nothing skipped: a full disk is not bad data
-    labels = transaction_versions(lake / "ingest" / "outputs" / "rows")
-    assert labels, "the output carries its batch labels"
+    errors = read_rows(DeltaLog(lake / "ingest" / "outputs" / "_errors").refresh())
+    assert errors is None or errors.num_rows == 0, errors.to_pylist()[:3]  # a full disk is not bad data
+    assert label_of(DeltaLog(lake / "ingest" / "outputs" / "rows").refresh(), "reclock/ingest/rows") is not None
 
 
 def _run_through_a_fault(tmp_path: Path, mount: Path, inject, clear, reason: str) -> None:

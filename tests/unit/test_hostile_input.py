@@ -331,7 +331,6 @@ def _avro(score: float, i: int) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 8 defect 1: Infinity in Delta stats")
 def test_non_finite_numbers_through_a_real_pipeline_land_exactly_once_in_a_readable_lake(tmp_path):
     """JSON ``Infinity``, CSV ``inf`` and Avro's infinite doubles are valid values of a double
     column (``NaN`` too; ``1e400`` does not fit a double in JSON and is a bad record): they must
