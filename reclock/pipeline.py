@@ -313,9 +313,12 @@ class Pipeline:
                 probe = bound.join(probe)
             self._last_probe = probe
             if not bound.less_equal(probe):
+                behind = [(p, probe.offset(p), o) for p, o in bound.items() if probe.offset(p) < o]
+                named = ", ".join(f"{encode_partition(p)} is at {now} below bound {o}" for p, now, o in behind[:3])
+                more = f" (and {len(behind) - 3} more)" if len(behind) > 3 else ""
                 raise DefiniteSourceError(
-                    f"pipeline {self.name}: the source's upper {probe!r} went back below the bound frontier "
-                    f"{bound!r}; was the source recreated?"
+                    f"pipeline {self.name}: the source went back below what is already bound: {named}{more}; "
+                    "was the source recreated (a topic deleted, a broker replaced)?"
                 )
             proposal = self.source.cap(bound, probe, self.settings.max_batch)
         # Step 2: mint.

@@ -160,7 +160,7 @@ def test_regressing_source_upper_is_a_definite_error(tmp_path):
     pipeline = Pipeline("pipe", tmp_path, source, now=FakeClock(1000))
     pipeline.step()
     source.hold(Frontier({0: 1}))
-    with pytest.raises(DefiniteSourceError, match="went back"):
+    with pytest.raises(DefiniteSourceError, match="went back below what is already bound: 0 is at 1 below bound 2"):
         pipeline.step()
 
 
