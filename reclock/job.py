@@ -21,15 +21,16 @@ from pathlib import Path
 from typing import TextIO
 
 from persist.lake import Lake
-from persist.status_tables import StatusTables, read_status_table
+from persist.status_tables import StatusTables
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import AutoDataPlane, DataPlane, LocalDataPlane, SparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
-from reclock.file_states import FileState, FileStatus, derive_file_states, drop_refusal, read_file_states
+from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
 from reclock.metrics import Metrics
 from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
 from reclock.status import HEARTBEAT_S, Status, write_status
+from reclock.status_restore import restore_history
 from reclock.time import encode_partition
 from sources.base import Source
 from sources.files import FilesSource
@@ -164,7 +165,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     tables = StatusTables(lake, retention_days=config.status_retention_days)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
     _record_state(tables, pipeline, config_json)
-    _restore_file_history(lake, tables, pipeline)
+    restore_history(lake, tables, pipeline)
     started = time.monotonic()
     first_offsets: dict[str, int] = {}
     last_health = [pipeline.health]
@@ -217,40 +218,6 @@ def _record_state(tables: StatusTables, pipeline: Pipeline, config_json: str) ->
                 "config": config_json,
                 "last_error": pipeline.last_error,
             }
-        ],
-    )
-
-
-def _restore_file_history(lake: Lake, tables: StatusTables, pipeline: Pipeline) -> None:
-    """Append the ``files`` rows that a killed job never flushed, so the history log catches up.
-
-    The rows are derived from the lake (Loaded and Skipped files, as :mod:`reclock.file_states`
-    says), only for files bound within the retention, and only when the log lacks that state.
-    """
-    if not getattr(pipeline.source, "is_file_source", False):
-        return
-    recorded = {
-        (r["path"], r["generation"], r["state"])
-        for r in read_status_table(lake, "files", pipeline.name).select(["path", "generation", "state"]).to_pylist()
-    }
-    since = wall_clock_ms() - tables.retention_ms
-    loaded_upper = min(pipeline.sinks[o.name].upper for o in pipeline.source.outputs())
-    derived = derive_file_states(pipeline.remap.bindings, pipeline.remap.skips, loaded_upper, None)
-    tables.append(
-        "files",
-        [
-            {
-                "pipeline": pipeline.name,
-                "path": s.path,
-                "generation": s.generation,
-                "size": s.size,
-                "state": s.state.value,
-                "batch_id": s.into_ts,
-            }
-            for s in reversed(derived)
-            if s.state in (FileState.LOADED, FileState.SKIPPED)
-            and (s.into_ts or 0) >= since
-            and (s.path, s.generation, s.state.value) not in recorded
         ],
     )
 
