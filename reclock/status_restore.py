@@ -17,25 +17,37 @@ On start, the job appends what the history lacks, derived from that truth:
 
 from __future__ import annotations
 
+import logging
+
 from deltalake import DeltaTable
 
 from persist.lake import Lake
 from persist.status_tables import StatusTables, read_status_table
+from reclock.errors import describe
 from reclock.file_states import FileState, derive_file_states
 from reclock.pipeline import BatchState, Pipeline, wall_clock_ms
 from reclock.time import encode_partition
 
 __all__ = ["restore_history"]
 
+log = logging.getLogger("reclock.status")
+
 #: How many of an output's latest commits a start-up looks at: far more than a second's batches.
 _RECENT_COMMITS = 200
 
 
 def restore_history(lake: Lake, tables: StatusTables, pipeline: Pipeline) -> None:
-    """Append the ``files`` and ``batches`` rows a killed job never flushed (see the module doc)."""
+    """Append the ``files`` and ``batches`` rows a killed job never flushed (see the module doc).
+
+    Observability only: if the history cannot be read (a status table damaged by hand, say), the
+    job still starts and says so in its log, as the status writer does.
+    """
     since = wall_clock_ms() - tables.retention_ms
-    _restore_files(lake, tables, pipeline, since)
-    _restore_batches(lake, tables, pipeline, since)
+    try:
+        _restore_files(lake, tables, pipeline, since)
+        _restore_batches(lake, tables, pipeline, since)
+    except Exception as exc:
+        log.warning("pipeline %s: could not restore the status history: %s", pipeline.name, describe(exc))
 
 
 def _restore_files(lake: Lake, tables: StatusTables, pipeline: Pipeline, since: int) -> None:
