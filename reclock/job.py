@@ -151,6 +151,9 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
     config, created_at = load(lake, name)
     lock = _exclusive(lake, name)
+    # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
+    # while the data plane starts (a Spark session takes seconds).
+    _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
     source = _source(lake, name, config, created_at)
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"

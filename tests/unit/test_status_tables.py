@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import urllib.request
 from collections import defaultdict
 
@@ -14,8 +15,10 @@ from persist.read import read_table
 from persist.status_tables import read_status_table
 from reclock import job
 from reclock.config import parse_config
+from reclock.dataplane import LocalDataPlane
 from reclock.metrics import Metrics
 from reclock.pipeline import Pipeline
+from reclock.status import read_status
 from reclock.testing import FakeClock, MemorySource
 from sources.base import ERRORS
 
@@ -140,3 +143,18 @@ def test_batch_rows_a_killed_job_never_flushed_are_restored_from_the_lake_on_sta
     again = read_status_table(lake, "batches", "auctions").num_rows
     job.run(lake, "auctions")
     assert read_status_table(lake, "batches", "auctions").num_rows == again  # nothing restored twice
+
+
+def test_a_starting_job_says_starting_before_its_data_plane_is_up(tmp_path, monkeypatch):
+    """A killed run's ``running`` snapshot must not be what readers see while Spark starts."""
+    lake, _ = run_generator_job(tmp_path)
+    lake.status_path("auctions").write_text('{"pipeline": "auctions", "health": "running", "updated_ms": 0}')
+    seen = []
+
+    def data_plane(config):
+        seen.append(read_status(lake, "auctions"))
+        return LocalDataPlane()
+
+    monkeypatch.setattr(job, "_data_plane", data_plane)
+    job.run(lake, "auctions")
+    assert seen[0]["health"] == "starting" and seen[0]["pid"] == os.getpid()
