@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from deltalake import DeltaTable
@@ -80,3 +81,26 @@ def write_config(path: Path, **sections: dict) -> Path:
             lines += [f"{json.dumps(k)} = {json.dumps(v)}" for k, v in table.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def files_pipeline_config(
+    path: Path, folder: Path, *, pipeline: dict | None = None, source: dict | None = None
+) -> Path:
+    """A files pipeline ``ingest`` over ``folder`` with rows ``id, name``, on the in-driver plane;
+    ``pipeline`` and ``source`` add or override keys of those sections."""
+    return write_config(
+        path,
+        pipeline={"name": "ingest", "lake": "lake", "engine": "local", **(pipeline or {})},
+        source={"kind": "files", "path": str(folder), **(source or {}), "columns": {"id": "int64", "name": "string"}},
+    )
+
+
+def write_numbered_csvs(folder: Path, count: int, rows: Callable[[int], int]) -> dict[str, int]:
+    """``f00.csv``, ``f01.csv``, ... with ``rows(f)`` rows ``i, r<i>`` each; the rows per file."""
+    folder.mkdir(exist_ok=True)
+    sizes = {}
+    for f in range(count):
+        n = rows(f)
+        (folder / f"f{f:02}.csv").write_text("id,name\n" + "".join(f"{i},r{i}\n" for i in range(n)))
+        sizes[f"f{f:02}.csv"] = n
+    return sizes

@@ -26,33 +26,24 @@ from persist.lake import Lake
 from persist.read import read_table
 from persist.status_tables import read_status_table
 from reclock.cli import main
+from tests.integration.helpers import files_pipeline_config, write_numbered_csvs
 
 pytestmark = pytest.mark.integration
 
-COLUMNS = '{ id = "int64", name = "string" }'
 
-
-def config(tmp_path: Path, *, stop_on_error: bool, extra: str = "") -> Path:
-    path = tmp_path / "files.toml"
-    path.write_text(
-        f"""
-[pipeline]
-name = "ingest"
-lake = "lake"
-engine = "local"
-max_retries = 2
-retry_backoff = 0.0
-batch_interval = 0.05
-stop_on_error = {str(stop_on_error).lower()}
-{extra}
-[source]
-kind = "files"
-path = "{tmp_path / "in"}"
-columns = {COLUMNS}
-max_files_per_batch = 2
-"""
+def config(tmp_path: Path, *, stop_on_error: bool, files_per_batch: int = 2, **pipeline: object) -> Path:
+    return files_pipeline_config(
+        tmp_path / "files.toml",
+        tmp_path / "in",
+        pipeline={
+            "max_retries": 2,
+            "retry_backoff": 0.0,
+            "batch_interval": 0.05,
+            "stop_on_error": stop_on_error,
+            **pipeline,
+        },
+        source={"max_files_per_batch": files_per_batch},
     )
-    return path
 
 
 def make_inputs(tmp_path: Path, *, corrupt: bool = True) -> dict[str, int]:
@@ -91,7 +82,7 @@ def file_states(tmp_path: Path) -> dict[str, str]:
 
 def test_good_files_load_once_and_a_corrupt_one_is_skipped_and_listed(tmp_path, capsys):
     expected = make_inputs(tmp_path)
-    assert main(["create", str(config(tmp_path, stop_on_error=False, extra="idle_interval = 0.2"))]) == 0
+    assert main(["create", str(config(tmp_path, stop_on_error=False, idle_interval=0.2))]) == 0
     assert run(tmp_path, "start", "ingest", "--max-seconds", "6") == 0
     assert per_file(tmp_path) == expected  # every good row exactly once, nothing of d.parquet
     assert file_states(tmp_path) == {
@@ -125,7 +116,7 @@ def test_stop_on_error_fails_naming_the_file_with_nothing_of_the_batch_visible(t
 
 def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tmp_path):
     expected = make_inputs(tmp_path, corrupt=False)
-    assert main(["create", str(config(tmp_path, stop_on_error=True, extra="idle_interval = 0.2"))]) == 0
+    assert main(["create", str(config(tmp_path, stop_on_error=True, idle_interval=0.2))]) == 0
     lake = str(tmp_path / "lake")
     job = subprocess.Popen(
         [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", "ingest"],
@@ -147,13 +138,8 @@ def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tm
 
 def test_a_file_is_all_in_or_all_out_at_every_moment_even_across_sigkill(tmp_path):
     folder = tmp_path / "in"
-    folder.mkdir()
-    sizes = {}
-    for f in range(60):
-        n = 3_000 + 137 * f
-        (folder / f"f{f:02}.csv").write_text("id,name\n" + "".join(f"{i},r{i}\n" for i in range(n)))
-        sizes[f"f{f:02}.csv"] = n
-    assert main(["create", str(config(tmp_path, stop_on_error=True, extra="idle_interval = 0.2"))]) == 0
+    sizes = write_numbered_csvs(folder, 60, lambda f: 3_000 + 137 * f)
+    assert main(["create", str(config(tmp_path, stop_on_error=True, idle_interval=0.2))]) == 0
     lake = str(tmp_path / "lake")
     job = subprocess.Popen(
         [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", "ingest"],
@@ -235,14 +221,8 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
     parquet files the ``_delta_log`` lists), and ``drop-file`` then accepts every one of them. A
     last run catches the ``files`` history log up with what the kills cut off."""
     folder = tmp_path / "in"
-    folder.mkdir()
-    sizes = {}
-    for f in range(60):
-        n = 2_000 + 97 * f
-        (folder / f"f{f:02}.csv").write_text("id,name\n" + "".join(f"{i},r{i}\n" for i in range(n)))
-        sizes[f"f{f:02}.csv"] = n
-    definition = config(tmp_path, stop_on_error=True, extra="idle_interval = 0.2")
-    definition.write_text(definition.read_text().replace("max_files_per_batch = 2", "max_files_per_batch = 1"))
+    sizes = write_numbered_csvs(folder, 60, lambda f: 2_000 + 97 * f)
+    definition = config(tmp_path, stop_on_error=True, files_per_batch=1, idle_interval=0.2)
     assert main(["create", str(definition)]) == 0
     lake = tmp_path / "lake"
     seed = random.randrange(2**32)

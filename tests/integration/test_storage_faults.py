@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.faults.reader import DeltaLog, label_of, read_rows
+from tests.integration.helpers import files_pipeline_config
 
 pytestmark = [
     pytest.mark.integration,
@@ -97,25 +98,12 @@ def _wait(what: str, check, timeout: float) -> None:
 def _start(tmp_path: Path, lake: Path) -> tuple[subprocess.Popen, Path]:
     source = tmp_path / "in"
     source.mkdir()
-    config = tmp_path / "files.toml"
-    config.write_text(
-        f"""
-[pipeline]
-name = "ingest"
-lake = "{lake}"
-engine = "local"
-batch_interval = 0.1
-max_retries = 1
-retry_backoff = 0.2
-max_backoff = 1.0
-stop_on_error = false
-
-[source]
-kind = "files"
-path = "{source}"
-columns = {{ id = "int64", name = "string" }}
-max_files_per_batch = 3
-"""
+    knobs = {"lake": str(lake), "batch_interval": 0.1, "max_retries": 1, "retry_backoff": 0.2, "max_backoff": 1.0}
+    config = files_pipeline_config(
+        tmp_path / "files.toml",
+        source,
+        pipeline={**knobs, "stop_on_error": False},
+        source={"max_files_per_batch": 3},
     )
     created = _reclock(lake, "create", str(config))
     assert created.returncode == 0, created.stderr

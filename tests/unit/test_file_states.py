@@ -18,6 +18,7 @@ from reclock.file_states import FileState, FileStatus, derive_file_states, drop_
 from reclock.pipeline import Pipeline
 from reclock.testing import CrashAt, FakeClock, SimulatedCrash
 from sources.files import FilesSource, ListedFile
+from tests.integration.helpers import files_pipeline_config
 
 COLUMNS = {"id": "int64", "name": "string"}
 
@@ -132,27 +133,9 @@ def test_a_crash_at_any_step_leaves_loaded_exactly_the_files_whose_rows_are_in_t
     assert loaded == ({"a.csv", "b.csv"} if step.startswith("committed") or step == "resumed" else set())
 
 
-def files_pipeline(tmp_path: Path, folder: Path, extra: str = "") -> Path:
-    path = tmp_path / "files.toml"
-    path.write_text(
-        f"""
-[pipeline]
-name = "ingest"
-lake = "lake"
-engine = "local"
-max_retries = 0
-retry_backoff = 0.0
-batch_interval = 0.05
-stop_on_error = false
-
-[source]
-kind = "files"
-path = "{folder}"
-columns = {{ id = "int64", name = "string" }}
-{extra}
-"""
-    )
-    return path
+def files_pipeline(tmp_path: Path, folder: Path, **source: object) -> Path:
+    knobs = {"max_retries": 0, "retry_backoff": 0.0, "batch_interval": 0.05, "stop_on_error": False}
+    return files_pipeline_config(tmp_path / "files.toml", folder, pipeline=knobs, source=source)
 
 
 def test_reclock_files_shows_every_file_and_drop_file_refuses_what_is_not_loaded_in_one_line(tmp_path, capsys):
@@ -200,6 +183,6 @@ def test_reclock_files_shows_every_file_and_drop_file_refuses_what_is_not_loaded
 
 def test_follow_links_outside_must_be_a_boolean_named_in_one_line(tmp_path, capsys):
     (tmp_path / "in").mkdir()
-    assert main(["create", str(files_pipeline(tmp_path, tmp_path / "in", 'follow_links_outside = "yes"'))]) == 2
+    assert main(["create", str(files_pipeline(tmp_path, tmp_path / "in", follow_links_outside="yes"))]) == 2
     [line] = capsys.readouterr().err.splitlines()
     assert line.endswith("source.follow_links_outside: must be true or false, got 'yes'")
