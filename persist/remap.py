@@ -6,6 +6,12 @@ partition whose upper moved, or a single row with a null partition when only tim
 the rows in ``into_ts`` order rebuilds exactly the :class:`~reclock.bindings.Bindings` every
 writer saw.
 
+*Compaction* (:meth:`RemapTable.compact`) rewrites the table as one file in which every binding at
+or below a ``since`` is merged into one binding at ``since`` (its rows carry the note
+``compacted``), as Materialize compacts its remap shard: reclocking commutes with compaction, and
+``since`` stays below every output's upper, so no record that is still to be written can be
+stamped differently, and start-up reads a bounded state instead of every binding since creation.
+
 A *skip* is the other kind of row: ``(into_ts, partition, offset=end, skip_start=start, note)``
 records that the range ``[start, end)`` of a partition, bound at or before ``into_ts``, was given
 up after its batch failed ``max_retries`` times (``stop_on_error = false``). It is durable before
@@ -22,6 +28,7 @@ frontier (Materialize #12600: never rebind what is already bound).
 from __future__ import annotations
 
 import time as wall_time
+from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +43,7 @@ from persist.storage import lake_io
 from reclock.bindings import Bindings
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition
 
-__all__ = ["REMAP_SCHEMA", "RemapTable", "Skip"]
+__all__ = ["COMPACTED", "REMAP_SCHEMA", "RemapTable", "Skip"]
 
 REMAP_SCHEMA = pa.schema(
     [
@@ -62,6 +69,9 @@ class Skip:
 
 
 _APP_ID = "reclock/remap"
+
+#: The note on the rows of the binding that merges every binding at or below the table's ``since``.
+COMPACTED = "compacted"
 
 
 class RemapTable:
@@ -142,17 +152,7 @@ class RemapTable:
             existing = [s for s in self._skips if s.binding_ts == binding_ts]
             if existing:
                 return existing
-            rows = pa.table(
-                {
-                    "into_ts": [s.binding_ts for s in skips],
-                    "partition": [encode_partition(s.partition) for s in skips],
-                    "offset": [s.end for s in skips],
-                    "closed": [False] * len(skips),
-                    "skip_start": [s.start for s in skips],
-                    "note": [s.reason for s in skips],
-                },
-                schema=REMAP_SCHEMA,
-            )
+            rows = _skip_rows(skips)
             self._unsure = True
             try:
                 with lake_io(f"recording skips of batch {binding_ts} in the remap table"):
@@ -164,7 +164,39 @@ class RemapTable:
             self._skips.extend(skips)
             return list(skips)
 
-    def _append(self, rows: pa.Table, labels: list[Transaction]) -> None:
+    @property
+    def files(self) -> int:
+        """How many files the table's current snapshot has: what :meth:`compact` brings to one."""
+        return len(self._table.file_uris())
+
+    def compact(self, since: IntoTime) -> bool:
+        """Rewrite the table as one file, with every binding at or below ``since`` merged into one.
+
+        ``since`` must be below every output's upper (the caller's duty: the batch that
+        follows re-stamps records from the resume upper on, which compaction leaves alone). The
+        rewrite is one overwrite commit by compare-and-append, like a mint: if another writer
+        committed meanwhile it fails, the view is re-read and ``False`` returned (try again at
+        the next maintenance); nothing is half done. Skips are kept whatever their time.
+        """
+        view = self.bindings
+        if since >= view.upper:
+            raise ValueError(f"cannot compact the remap table to {since}: its upper is {view.upper}")
+        times = view.times()
+        below = bisect_right(times, since)
+        since = max(times[below - 1] if below else 0, view.since)
+        rows = _rows_of(view, since, self._skips)
+        self._unsure = True
+        try:
+            with lake_io("compacting the remap table"):
+                self._append(rows, [], mode="overwrite")
+        except CommitFailedError:
+            self.sync()
+            return False
+        self._unsure = False
+        view.compact(since)
+        return True
+
+    def _append(self, rows: pa.Table, labels: list[Transaction], *, mode: str = "append") -> None:
         """Commit ``rows`` as one file at exactly the next version of the view's snapshot, or fail.
 
         ``max_commit_retries=0`` makes the commit land at the version after the one the view was
@@ -176,7 +208,7 @@ class RemapTable:
         data = write_data_file(str(self.path), "remap", rows)
         self._table.create_write_transaction(
             [AddAction(data.path, data.size, {}, int(wall_time.time() * 1000), True, data.stats)],
-            mode="append",
+            mode=mode,
             schema=self._table.schema(),
             commit_properties=CommitProperties(max_commit_retries=0, app_transactions=labels),
         )
@@ -194,7 +226,38 @@ def _open_or_create(path: Path) -> DeltaTable:
         raise
 
 
-def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier) -> pa.Table:
+def _rows_of(bindings: Bindings, since: IntoTime, skips: list[Skip]) -> pa.Table:
+    """The rows of a compacted table: one binding at ``since`` with the whole frontier it had,
+    noted :data:`COMPACTED`, then every later binding as it was minted, then every skip."""
+    parts = []
+    previous = Frontier()
+    for time, frontier in bindings:
+        if time < since:
+            continue
+        merged = time == since and since > 0
+        parts.append(
+            _binding_rows(time, Frontier() if merged else previous, frontier, note=COMPACTED if merged else None)
+        )
+        previous = frontier
+    parts.append(_skip_rows(skips))
+    return pa.concat_tables(parts)
+
+
+def _skip_rows(skips: list[Skip]) -> pa.Table:
+    return pa.table(
+        {
+            "into_ts": [s.binding_ts for s in skips],
+            "partition": [encode_partition(s.partition) for s in skips],
+            "offset": [s.end for s in skips],
+            "closed": [False] * len(skips),
+            "skip_start": [s.start for s in skips],
+            "note": [s.reason for s in skips],
+        },
+        schema=REMAP_SCHEMA,
+    )
+
+
+def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier, *, note: str | None = None) -> pa.Table:
     if frontier.is_closed:
         rows = [(None, None, True)]
     else:
@@ -208,7 +271,7 @@ def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier) -> pa.
             "offset": list(offsets),
             "closed": list(closed),
             "skip_start": [None] * len(rows),
-            "note": [None] * len(rows),
+            "note": [note] * len(rows),
         },
         schema=REMAP_SCHEMA,
     )
@@ -220,6 +283,7 @@ def _replay(table: DeltaTable) -> tuple[Bindings, list[Skip]]:
     skips: list[Skip] = []
     frontier: dict = {}
     pending: IntoTime | None = None
+    since: IntoTime | None = None
     closed = False
 
     def flush() -> None:
@@ -234,10 +298,14 @@ def _replay(table: DeltaTable) -> tuple[Bindings, list[Skip]]:
         if time != pending:
             flush()
             pending = time
+        if note == COMPACTED:
+            since = time
         if is_closed:
             closed = True
         elif partition is not None:
             p = decode_partition(partition)
             frontier[p] = max(frontier.get(p, 0), offset)
     flush()
+    if since is not None:
+        bindings.compact(since)
     return bindings, skips

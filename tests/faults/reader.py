@@ -124,14 +124,17 @@ def checkpoint_agrees(path: Path) -> bool | None:
 class Remap:
     """The bindings of a remap table's rows, and the reclock rule over them.
 
-    Rows are ``(into_ts, partition, offset, closed, skip_start)``; a row with ``skip_start`` set
-    records a skipped range, not a binding. Partitions stay as the encoded strings the output rows
-    carry in ``_partition``, so no decoding is involved in the comparison.
+    Rows are ``(into_ts, partition, offset, closed, skip_start, note)``; a row with ``skip_start``
+    set records a skipped range, not a binding. Partitions stay as the encoded strings the output
+    rows carry in ``_partition``, so no decoding is involved in the comparison. Rows noted
+    ``compacted`` are the binding at the table's ``since`` that merged every earlier one: a record
+    it covers was stamped at ``since`` or before, which :meth:`stamp_holds` accepts.
     """
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
         self.skips = [r for r in rows if r["skip_start"] is not None]
         bindings = sorted((r for r in rows if r["skip_start"] is None), key=lambda r: r["into_ts"])
+        self.since = max((r["into_ts"] for r in bindings if r.get("note") == "compacted"), default=None)
         self.times = sorted({r["into_ts"] for r in bindings})
         self.closed_at = min((r["into_ts"] for r in bindings if r["closed"]), default=None)
         self._uppers: dict[str, tuple[list[int], list[int]]] = {}
@@ -155,6 +158,13 @@ class Remap:
         if i < len(uppers):
             return times[i]
         return self.closed_at
+
+    def stamp_holds(self, partition: str, offset: int, into_ts: int) -> bool:
+        """Whether a row's ``_into_ts`` is the one these bindings give it (compaction allowed)."""
+        want = self.stamp(partition, offset)
+        if want is not None and want == self.since:
+            return into_ts <= want
+        return into_ts == want
 
     def frontier_at(self, time: int) -> dict[str, int]:
         """``R(time)``: per partition, the first offset not covered by a binding at or before ``time``."""
