@@ -2,10 +2,12 @@
 
 Output ``e`` holds exactly the rows with ``_into_ts < upper_e`` (its commit label + 1), so a cut
 at ``T`` is consistent across outputs, and across pipelines on the same timeline, as long as
-``T < min_e upper_e``: that minimum is :func:`readable_upper`. For ``T`` below it we time-travel
-each table to the first version whose label reached ``T`` (append outputs would be right on the
-latest version too, but an upsert output rewrites rows, so time travel is the general answer) and
-keep the rows with ``_into_ts <= T``.
+``T < min_e upper_e``: that minimum is :func:`readable_upper`. For ``T`` below it an append output
+is read at its latest version, keeping the rows with ``_into_ts <= T``: it only ever gains rows, so
+that is exact at any ``T``, whatever maintenance rewrote or vacuumed. An upsert output rewrites
+rows, so it is time-travelled to the first version whose label reached ``T``; that version's
+files exist as long as the history window of ``vacuum`` keeps them (``[maintenance]
+history_hours``), and a read older than that is refused, never answered from other files.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from deltalake import DeltaTable
 from persist.lake import Lake, sink_id
 from persist.read import read_table
 from persist.remap import RemapTable
+from persist.sink import ENVELOPE
 from reclock.time import IntoTime
 
 if TYPE_CHECKING:
@@ -61,8 +64,11 @@ def read_as_of(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[
     lake, versions = _plan(lake, pipeline, as_of)
     out = {}
     for output, version in versions.items():
-        table = DeltaTable(str(lake.output_path(pipeline, output)), version=version)
-        out[output] = read_table(table, filters=[("_into_ts", "<=", as_of)])
+        table = _at(lake.output_path(pipeline, output), version)
+        try:
+            out[output] = read_table(table, filters=[("_into_ts", "<=", as_of)])
+        except FileNotFoundError:
+            raise _vacuumed(pipeline, output, as_of) from None
     return out
 
 
@@ -76,25 +82,42 @@ def read_as_of_spark(
     lake, versions = _plan(lake, pipeline, as_of)
     out = {}
     for output, version in versions.items():
-        table = DeltaTable(str(lake.output_path(pipeline, output)), version=version)
+        table = _at(lake.output_path(pipeline, output), version)
         schema = pa.schema(table.schema().to_arrow())
         uris = table.file_uris()
+        if not all(Path(uri).exists() for uri in uris):
+            raise _vacuumed(pipeline, output, as_of)
         spark_schema = from_arrow_schema(schema)
         frame = spark.read.schema(spark_schema).parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
         out[output] = frame.where(F.col("_into_ts") <= as_of)
     return out
 
 
-def _plan(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> tuple[Lake, dict[str, int]]:
+def _plan(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> tuple[Lake, dict[str, int | None]]:
+    """Per output, the version to read: ``None`` (the latest) for an append output."""
     lake = lake if isinstance(lake, Lake) else Lake.at(lake)
     upper = readable_upper(lake, pipeline)
     if as_of >= upper:
         raise ValueError(f"pipeline {pipeline!r}: no consistent cut at {as_of} yet; readable upper is {upper}")
-    versions = {}
+    versions: dict[str, int | None] = {}
     for output in lake.outputs(pipeline):
         path = lake.output_path(pipeline, output)
-        versions[output] = _first_version_reaching(path, sink_id(pipeline, output), as_of)
+        if DeltaTable(str(path)).metadata().configuration.get(ENVELOPE) == "append":
+            versions[output] = None
+        else:
+            versions[output] = _first_version_reaching(path, sink_id(pipeline, output), as_of)
     return lake, versions
+
+
+def _at(path: Path, version: int | None) -> DeltaTable:
+    return DeltaTable(str(path)) if version is None else DeltaTable(str(path), version=version)
+
+
+def _vacuumed(pipeline: str, output: str, as_of: IntoTime) -> ValueError:
+    return ValueError(
+        f"pipeline {pipeline!r}: output {output!r} cannot be read as of {as_of}: the files of that version were "
+        "vacuumed (it is older than the history window, [maintenance] history_hours)"
+    )
 
 
 def _first_version_reaching(path: Path, app_id: str, as_of: IntoTime) -> int:

@@ -37,13 +37,18 @@ from persist.storage import lake_io
 from reclock.errors import FencedError
 from reclock.time import IntoTime
 
-__all__ = ["DELETED", "INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
+__all__ = ["DELETED", "ENVELOPE", "INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
 
 #: The column every output row carries: its time on the shared timeline (ms since the epoch).
 INTO_TS = "_into_ts"
 
 #: Staged-only column of upsert and debezium outputs: the record deletes its key.
 DELETED = "_deleted"
+
+#: The table property naming an output's envelope. An ``append`` output only ever gains rows
+#: (``optimize`` rewrites files, never rows), so an as-of read of it needs no time travel and
+#: stays exact after ``vacuum``; an upsert or debezium output's MERGEs rewrite rows.
+ENVELOPE = "reclock.envelope"
 
 _STAT_STRING_LIMIT = 64
 
@@ -121,6 +126,8 @@ class OutputSink:
                     if not (self.path / "_delta_log").is_dir():
                         raise
             self._table = DeltaTable(str(self.path))
+            if self._table.metadata().configuration.get(ENVELOPE) != envelope:
+                self._table.alter.set_table_properties({ENVELOPE: envelope}, raise_if_not_exists=False)
         self.refresh()
 
     @property

@@ -8,8 +8,10 @@ batch (``reclock errors`` shows both).
 
 These tables are observability, not part of exactly-once, so rows are buffered and flushed by a
 background thread about once a second: one small commit per table per flush whatever the batch
-rate, and never on the batch's critical path. Rows older than the retention are deleted now and
-then, so the tables stay bounded on a job that runs for months.
+rate, and never on the batch's critical path. Every few hundred flushes rows older than the
+retention are deleted and the tables are maintained like outputs (small files compacted, files
+unreferenced for an hour vacuumed, the log expiring after an hour), so a job that runs for months
+keeps them small in rows, files and log alike.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
+from persist import maintenance
 from persist.lake import Lake
 from persist.read import read_table
 
@@ -89,6 +92,11 @@ STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
 }
 
 
+#: Status readers are short CLI calls: an hour of history for them is plenty.
+_STATUS_HISTORY_HOURS = 1
+_STATUS_FILE_BYTES = 32 << 20
+
+
 class StatusTables:
     """Buffered appender for the status tables of one lake; ``close`` flushes what is left."""
 
@@ -120,7 +128,7 @@ class StatusTables:
                 log.warning("could not write status table %s: %s", name, exc)
         self._flushes += 1
         if self._flushes % 500 == 1:
-            self._expire()
+            self._maintain()
 
     def close(self) -> None:
         self._stop.set()
@@ -131,13 +139,18 @@ class StatusTables:
         while not self._stop.wait(interval):
             self.flush()
 
-    def _expire(self) -> None:
+    def _maintain(self) -> None:
+        """Expire old rows, then compact and vacuum; other jobs of the lake may do it at once."""
         cutoff = int(time.time() * 1000) - self.retention_ms
         for name in STATUS_SCHEMAS:
             path = self.lake.root / "_status" / name
             if (path / "_delta_log").is_dir():
                 try:
-                    DeltaTable(str(path)).delete(f"time_ms < {cutoff}")
+                    table = DeltaTable(str(path))
+                    table.delete(f"time_ms < {cutoff}")
+                    maintenance.set_retention(table, _STATUS_HISTORY_HOURS)
+                    maintenance.optimize(table, _STATUS_FILE_BYTES)
+                    maintenance.vacuum(table, _STATUS_HISTORY_HOURS)
                 except Exception as exc:
                     log.info("status retention on %s deferred: %s", name, exc)
 
