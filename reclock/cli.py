@@ -162,6 +162,17 @@ def _parser() -> argparse.ArgumentParser:
     drop.add_argument("name")
     drop.add_argument("path", help="the file's path relative to the source directory, as `reclock files` shows it")
     drop.set_defaults(func=_drop_file)
+
+    for name, about in (
+        ("optimize", "compact the remap table and the small files of every output of a stopped pipeline"),
+        ("vacuum", "delete the files of a stopped pipeline that no read inside its history window needs"),
+    ):
+        command = commands.add_parser(name, help=about)
+        command.add_argument("name")
+        command.add_argument(
+            "--history-hours", type=_count, default=None, help="override the definition's [maintenance] history_hours"
+        )
+        command.set_defaults(func=_maintain, optimize=name == "optimize", vacuum=name == "vacuum")
     return parser
 
 
@@ -188,6 +199,25 @@ def _drop_file(args: argparse.Namespace) -> int:
     print(
         f"dropped {args.path!r} from pipeline {args.name!r}: the next batch ingests it again (generation {generation})"
     )
+    return 0
+
+
+def _maintain(args: argparse.Namespace) -> int:
+    report = job.maintain(
+        Lake.at(args.lake), args.name, optimize=args.optimize, vacuum=args.vacuum, history_hours=args.history_hours
+    )
+    if args.optimize:
+        merged = sum(report.optimized.values())
+        print(
+            f"optimized pipeline {args.name!r}: remap table compacted to since {report.since}, "
+            f"{merged} small files merged in {sum(1 for n in report.optimized.values() if n)} outputs "
+            f"({report.duration_ms} ms)"
+        )
+    else:
+        print(
+            f"vacuumed pipeline {args.name!r}: {sum(report.vacuumed.values())} unreferenced files deleted "
+            f"({report.duration_ms} ms)"
+        )
     return 0
 
 

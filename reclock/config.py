@@ -16,6 +16,11 @@ Example::
     [spark]
     master = "local[2]"
 
+    [maintenance]              # optional; these are the defaults
+    every = 1000               # batches between the job's own table maintenance (0: never)
+    history_hours = 24         # as-of reads of every output stay exact this far back
+    target_file_mb = 128       # optimize compacts output files to about this size
+
     [source]
     kind = "generator"
     rate = 20000
@@ -36,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from reclock.errors import ConfigError
+from reclock.maintenance import Maintenance
 from reclock.pipeline import Settings
 from sources.base import Source
 
@@ -62,6 +68,7 @@ class PipelineConfig:
     status_retention_days: float = 7.0
     metrics_port: int | None = None
     small_batch_offsets: int = 20_000
+    maintenance: Maintenance = field(default_factory=Maintenance)
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say."""
@@ -81,6 +88,7 @@ class PipelineConfig:
                 "conf": dict(self.spark_conf),
                 "small_batch_offsets": self.small_batch_offsets,
             },
+            "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
             "source": dict(self.source),
         }
 
@@ -110,9 +118,10 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
 
-    _only(raw, {"pipeline", "spark", "source"}, "", fail)
+    _only(raw, {"pipeline", "spark", "maintenance", "source"}, "", fail)
     pipeline = _section(raw, "pipeline", fail, required=True)
     spark = _section(raw, "spark", fail)
+    maintenance = _maintenance(_section(raw, "maintenance", fail), fail)
     source = dict(_section(raw, "source", fail, required=True))
     _only(
         pipeline,
@@ -143,7 +152,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     try:
         settings = Settings(**knobs)
     except ConfigError as exc:
-        raise fail(f"pipeline.{exc.field}", str(exc).split(": ", 1)[1]) from None
+        raise fail(f"pipeline.{exc.field}", exc.reason) from None
     master = _typed(spark, "master", str, "spark.", fail, default="local[2]")
     small = _typed(spark, "small_batch_offsets", int, "spark.", fail, default=20_000)
     if small < 0:
@@ -166,12 +175,23 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         retention,
         metrics_port,
         small,
+        maintenance,
     )
     from persist.lake import NAME_PATTERN
 
     if not NAME_PATTERN.match(name):
         raise fail("pipeline.name", f"{name!r} must be an identifier of at most 64 characters")
     return config
+
+
+def _maintenance(section: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> Maintenance:
+    names = [f.name for f in fields(Maintenance)]
+    _only(section, set(names), "maintenance.", fail)
+    knobs = {name: _typed(section, name, int, "maintenance.", fail) for name in names if name in section}
+    try:
+        return Maintenance(**knobs)
+    except ConfigError as exc:
+        raise fail(f"maintenance.{exc.field}", exc.reason) from None
 
 
 def build_source(
@@ -195,7 +215,7 @@ def build_source(
     try:
         return cls(**options)
     except ConfigError as exc:
-        message = _conceal(str(exc).split(": ", 1)[-1], hidden)
+        message = _conceal(exc.reason, hidden)
         raise ConfigError(f"source.{exc.field}", message, file=file) from None
     except (TypeError, ValueError) as exc:  # a source that did not say which option: still one line
         raise ConfigError("source", _conceal(f"{type(exc).__name__}: {exc}", hidden), file=file) from None

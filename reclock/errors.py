@@ -27,6 +27,7 @@ class ConfigError(ReclockError):
 
     def __init__(self, field: str, message: str, *, file: str | None = None) -> None:
         self.field = field
+        self.reason = message
         self.file = file
         where = f"{file}: " if file else ""
         super().__init__(f"{where}{field}: {message}")

@@ -17,16 +17,21 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TextIO
 
-from persist.lake import Lake
+from persist.asof import output_upper
+from persist.lake import Lake, sink_id
+from persist.remap import RemapTable
 from persist.status_tables import StatusTables
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import AutoDataPlane, DataPlane, LocalDataPlane, SparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
+from reclock.maintenance import MaintenanceReport
+from reclock.maintenance import maintain as run_maintenance
 from reclock.metrics import Metrics
 from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
 from reclock.status import HEARTBEAT_S, Status, write_status
@@ -127,6 +132,29 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
     return generations[path]
 
 
+def maintain(
+    lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_hours: int | None = None
+) -> MaintenanceReport:
+    """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
+
+    A running job maintains its own tables on its schedule, between its batches; a second process
+    doing it beside the job could make the job's MERGE conflict and retry, so the job lock is
+    taken here and a running pipeline is refused.
+    """
+    config, _ = load(lake, name)
+    policy = config.maintenance
+    if history_hours is not None:
+        policy = replace(policy, history_hours=history_hours)
+    lock = _exclusive(lake, name)
+    try:
+        outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
+        resume_upper = min((output_upper(path, sink_id(name, o)) for o, path in outputs.items()), default=0)
+        remap = RemapTable(lake.remap_path(name))
+        return run_maintenance(remap, outputs, resume_upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum)
+    finally:
+        lock.close()
+
+
 def _source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
     """The stored pipeline's source, built the same way for the job and for the CLI's questions."""
     return build_source(
@@ -159,7 +187,9 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     stop_file = lake.control_dir(name) / "stop"
     stop_file.unlink(missing_ok=True)
     handlers = _on_signals(stop)
-    pipeline = Pipeline(name, lake, source, data_plane=_data_plane(config), settings=config.settings)
+    pipeline = Pipeline(
+        name, lake, source, data_plane=_data_plane(config), settings=config.settings, maintenance=config.maintenance
+    )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
         target=_watch, args=(stop_file, stop, max_seconds, lambda: _heartbeat(lake, status)), daemon=True

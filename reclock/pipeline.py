@@ -15,6 +15,9 @@ catch-up. Only when every output is current does it move on:
 5. **commit** each output once, labelled ``hi``; an output that already holds ``hi`` is skipped;
 6. **resume**: the resume frontier ``R(min_e upper_e - 1)`` goes to ``source.commit`` (advisory).
 
+Every ``maintenance.every`` batches the step then maintains the tables (:mod:`reclock.maintenance`),
+so their size, and with it the cost of a step and of a restart, stays bounded at any age.
+
 A crash anywhere leaves durable bindings and some outputs ahead of others; the next step simply
 starts again at step 1 with the same rule, which re-derives the same rows (determinism) and lets
 labels skip what already landed (exactly once).
@@ -39,6 +42,7 @@ from persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data
 from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
 from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError, describe
 from reclock.health import Health
+from reclock.maintenance import Maintenance, MaintenanceReport, maintain
 from reclock.time import Frontier, IntoTime, encode_partition
 from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, Split
 
@@ -95,6 +99,7 @@ class BatchReport:
     started_ms: int = 0
     duration_ms: int = 0
     error: str | None = None
+    maintenance: MaintenanceReport | None = None  # when this step also maintained the tables
 
     @property
     def idle(self) -> bool:
@@ -126,6 +131,7 @@ class Pipeline:
         *,
         data_plane: DataPlane | None = None,
         settings: Settings | None = None,
+        maintenance: Maintenance | None = None,
         now: Callable[[], int] = wall_clock_ms,
         on_step: Callable[[str], None] | None = None,
     ) -> None:
@@ -136,6 +142,8 @@ class Pipeline:
         self.source = source
         self.data_plane = data_plane or LocalDataPlane()
         self.settings = settings or Settings()
+        self.maintenance = maintenance or Maintenance()
+        self._batches_since_maintenance = 0
         self.health = Health.STARTING
         self.last_error: str | None = None
         self._last_probe: Frontier | None = None
@@ -195,7 +203,49 @@ class Pipeline:
         if not self.pending:
             self._probe_and_mint(stop)
             self._on_step("minted")
-        return self._run_batch()
+        report = self._run_batch()
+        if not report.idle:
+            self._batches_since_maintenance += 1
+            if self.maintenance.every and self._batches_since_maintenance >= self.maintenance.every:
+                report.maintenance = self._scheduled_maintenance()
+        return report
+
+    def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
+        """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
+        self._batches_since_maintenance = 0
+        outputs = {name: sink.path for name, sink in self.sinks.items()}
+        report = maintain(
+            self.remap, outputs, self.resume_upper, self._now(), self.maintenance, optimize=optimize, vacuum=vacuum
+        )
+        self._on_step("maintained")
+        return report
+
+    def _scheduled_maintenance(self) -> MaintenanceReport | None:
+        """The step's own maintenance: a failure is logged and retried at the next schedule.
+
+        The batch before it is committed already, and nothing of the next depends on it, so a
+        full disk or a racing writer here must not turn a good batch into a failed one.
+        """
+        try:
+            report = self.maintain()
+        except Exception as exc:  # maintenance is an optimisation: ingestion goes on without it
+            self._batches_since_maintenance = 0
+            log.warning(
+                "pipeline %s: maintenance failed, retried in %d batches: %s",
+                self.name,
+                self.maintenance.every,
+                describe(exc),
+            )
+            return None
+        log.info(
+            "pipeline %s: maintenance in %d ms: remap since %s, files merged %s, deleted %s",
+            self.name,
+            report.duration_ms,
+            report.since,
+            report.optimized,
+            report.vacuumed,
+        )
+        return report
 
     def run(
         self,

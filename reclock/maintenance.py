@@ -1,0 +1,104 @@
+"""Maintenance of one pipeline's tables, so a batch on day 100 costs what it cost on day 1.
+
+What grows with a pipeline's age, and what bounds it (measurements in
+``docs/design/20261123_maintenance_bounds_the_lake.md``):
+
+* the remap table gains a file and a binding per batch: it is rewritten as one file with every
+  binding older than the history window merged into one (:meth:`RemapTable.compact`);
+* each output gains a small file per batch and a commit per batch: small files are compacted
+  (``optimize``), files no version inside the history window needs are deleted (``vacuum``), and
+  the log and checkpoint tombstones expire after the same window.
+
+The *history window* (``history_hours``) is how far back a reader can go: an as-of read of an
+append output is exact at every time whatever the maintenance (its rows keep their ``_into_ts``),
+one of an upsert output needs the table's old files and is exact inside the window; ``reclock
+files`` reports a file's into time exactly inside the window, and outside it as the remap's since.
+
+The job runs :func:`maintain` itself every ``every`` batches, in its batch loop, between one
+batch's commits and the next batch's mint, so it never races its own commits; ``reclock optimize``
+and ``reclock vacuum`` run it by hand on a stopped pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from deltalake import DeltaTable
+
+from persist import maintenance as tables
+from persist.remap import RemapTable
+from reclock.errors import ConfigError
+from reclock.time import IntoTime
+
+__all__ = ["Maintenance", "MaintenanceReport", "maintain"]
+
+_HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """When maintenance runs and what it keeps; the ``[maintenance]`` section of a definition."""
+
+    every: int = 1000  # batches between the job's own maintenance runs; 0: never (run it by hand)
+    history_hours: int = 24  # how far back as-of reads of every output stay exact
+    target_file_mb: int = 128  # the size optimize compacts an output's files to
+
+    def __post_init__(self) -> None:
+        for name in ("every", "history_hours"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, "must be a whole number >= 0")
+        if self.target_file_mb < 1:
+            raise ConfigError("target_file_mb", "must be >= 1")
+
+
+@dataclass
+class MaintenanceReport:
+    """What one maintenance run did, per table (``remap`` and each output)."""
+
+    since: IntoTime = 0  # the remap table's since afterwards: bindings at or below it are merged
+    optimized: dict[str, int] = field(default_factory=dict)  # files merged away
+    vacuumed: dict[str, int] = field(default_factory=dict)  # files deleted
+    duration_ms: int = 0
+
+
+def maintain(
+    remap: RemapTable,
+    outputs: Mapping[str, Path],
+    resume_upper: IntoTime,
+    now_ms: int,
+    policy: Maintenance,
+    *,
+    optimize: bool = True,
+    vacuum: bool = True,
+) -> MaintenanceReport:
+    """Compact the remap table and ``optimize``, then ``vacuum``, every output; one pass.
+
+    ``resume_upper`` is the least upper of ``outputs``: the remap table is compacted strictly below
+    it, so the next batch (which starts there) stamps exactly as before. Each step is its own
+    commit and safe to interrupt at any point: a crash leaves either the old or the new state of
+    a table, never a mixture, and the next run picks up from there.
+    """
+    started = time.monotonic()
+    report = MaintenanceReport()
+    hours = policy.history_hours
+    if optimize and remap.bindings.upper:
+        since = max(0, min(resume_upper - 1, now_ms - hours * _HOUR_MS))
+        if remap.files > 1 or since > remap.bindings.since:
+            remap.compact(since)
+    report.since = remap.bindings.since
+    paths = {"remap": remap.path, **outputs}
+    for name, path in paths.items():
+        table = DeltaTable(str(path))
+        tables.set_retention(table, hours)
+        if optimize and name != "remap":
+            report.optimized[name] = tables.optimize(table, policy.target_file_mb << 20)
+        if vacuum:
+            report.vacuumed[name] = tables.vacuum(table, hours)
+        if optimize:
+            table.update_incremental()
+            table.create_checkpoint()
+    report.duration_ms = int((time.monotonic() - started) * 1000)
+    return report

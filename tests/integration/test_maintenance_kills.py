@@ -1,0 +1,145 @@
+"""Maintenance under SIGKILL: by hand (``reclock optimize`` / ``vacuum``) and by a running job.
+
+Every kill leaves each table in its old or its new state, never a mixture: the rows read by the
+independent log reader (:mod:`tests.faults.reader`) stay exactly what they were, and the
+pipeline, restarted, lands every generated record exactly once with the stamp its bindings give.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from persist.lake import Lake
+from tests.faults.reader import DeltaLog, Remap, read_rows
+from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, reclock_cli, write_config
+
+pytestmark = [pytest.mark.integration]
+
+PARTITIONS, LIMIT = 2, 40_000
+
+
+def _define(tmp_path: Path, every: int) -> Path:
+    config = write_config(
+        tmp_path / "m.toml",
+        pipeline={"name": "m", "lake": "lake", "engine": "local", "max_batch": 150, "batch_interval": 0.05},
+        maintenance={"every": every, "history_hours": 0},
+        source={"kind": "generator", "partitions": PARTITIONS, "limit": LIMIT, "rate": 4000},
+    )
+    assert reclock_cli("create", str(config)).returncode == 0
+    return tmp_path / "lake"
+
+
+def _popen(lake: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), *args],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _kill(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+
+
+def _rows(lake: Path) -> dict[str, list[tuple]]:
+    """Every output's ``(partition, offset, into_ts)`` rows, read without the product."""
+    out = {}
+    for output in Lake.at(lake).outputs("m"):
+        columns = ["_partition", "_offset", "_into_ts"]
+        table = read_rows(DeltaLog(Lake.at(lake).output_path("m", output)).refresh(), columns)
+        out[output] = sorted(zip(*(table[c].to_pylist() for c in columns), strict=True))
+    return out
+
+
+def _files(lake: Path) -> int:
+    return sum(len(DeltaLog(Lake.at(lake).output_path("m", o)).refresh().files) for o in Lake.at(lake).outputs("m"))
+
+
+def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]]) -> list[int]:
+    """Run ``command``, SIGKILL it after a delay 0.1 s longer each time, until one run finishes.
+
+    Each run goes on from what the killed ones committed, so the kills sweep the whole of the
+    work at 0.1 s steps. After every kill the rows must be exactly ``rows``; returns the live
+    output files seen after each run.
+    """
+    seen = []
+    delay = 0.4
+    while True:
+        process = _popen(lake, command, "m")
+        time.sleep(delay)
+        finished = process.poll() is not None
+        _kill(process)
+        assert _rows(lake) == rows, f"a {command} killed after {delay:.1f} s changed rows"
+        seen.append(_files(lake))
+        if finished:
+            assert process.returncode == 0, process.stderr.read().decode()
+            return seen
+        delay += 0.1
+
+
+def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path):
+    lake = _define(tmp_path, every=0)
+    done = reclock_cli("--lake", str(lake), "start", "m", "--max-seconds", "6", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before = _rows(lake)
+    remap_before = Remap.read(lake / "m" / "remap")
+    files_before = _files(lake)
+    assert files_before > 40, "too few small files for maintenance to have work"
+    after_kills = {command: _kill_until_done(lake, command, before) for command in ("optimize", "vacuum")}
+    merged = after_kills["optimize"]
+    assert any(merged[-1] < n < files_before for n in merged[:-1]), f"no kill landed between commits: {merged}"
+    done = reclock_cli("--lake", str(lake), "optimize", "m")
+    assert done.returncode == 0, done.stderr
+    assert "optimized pipeline 'm': remap table compacted to since" in done.stdout
+    done = reclock_cli("--lake", str(lake), "vacuum", "m")
+    assert done.returncode == 0 and "unreferenced files deleted" in done.stdout, done.stderr
+    assert _rows(lake) == before
+    assert _files(lake) <= len(Lake.at(lake).outputs("m"))
+    remap = Remap.read(lake / "m" / "remap")
+    assert remap.since is not None and remap.frontier_at(remap.since) == remap_before.frontier_at(remap.since)
+    done = reclock_cli("--lake", str(lake), "start", "m", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_exactly_once_and_stamped_by_the_remap(lake, "m", PARTITIONS, LIMIT)
+
+
+def test_sigkill_of_a_job_maintaining_every_other_batch_loses_and_duplicates_nothing(tmp_path):
+    """With maintenance every 2 batches, a good share of a job's time is maintenance: random kills
+    land in remap compactions, optimizes, vacuums and checkpoints as well as in batches."""
+    lake = _define(tmp_path, every=2)
+    rng = random.Random(11)
+    for _ in range(6):
+        job = _popen(lake, "start", "m")
+        time.sleep(rng.uniform(1.5, 4.0))
+        _kill(job)
+    assert Remap.read(lake / "m" / "remap").since is not None, "no maintenance ever completed"
+    done = reclock_cli("--lake", str(lake), "start", "m", timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert_exactly_once_and_stamped_by_the_remap(lake, "m", PARTITIONS, LIMIT)
+    assert _files(lake) < 20, "maintenance did not keep the outputs' files few"
+
+
+def test_maintenance_by_hand_refuses_a_running_pipeline(tmp_path):
+    lake = _define(tmp_path, every=0)
+    job = _popen(lake, "start", "m")
+    try:
+        deadline = time.monotonic() + 60
+        while not (lake / "m" / "status.json").exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        done = reclock_cli("--lake", str(lake), "optimize", "m")
+        assert done.returncode != 0
+        assert done.stderr.strip().count("\n") == 0 and "is already running" in done.stderr, done.stderr
+    finally:
+        _kill(job)
