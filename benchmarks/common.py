@@ -652,13 +652,13 @@ def summarize_profile(path: str | Path) -> str:
 # -- plots ---------------------------------------------------------------------------------------
 
 
-def figure(width: float = 6.5, height: float = 3.8) -> tuple[Any, Any]:
+def figure(width: float = 6.5, height: float = 3.8, columns: int = 1) -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(width, height))
+    return plt.subplots(1, columns, figsize=(width, height))
 
 
 def save_figure(fig: Any, name: str) -> str:

@@ -1,0 +1,172 @@
+"""Scenario: growth. Does a batch on day 100 cost what it cost on day 1?
+
+One pipeline (generator, 2 partitions, batches of 400 events, in-driver plane: a step is one remap
+mint and one commit per output) is stepped back to back, its clock advancing a second per step as
+a job's would at one batch a second. At each sampled age we read
+
+* the **median step** over the 100 steps before it (maintenance steps included in the sample, so
+  a slow maintenance shows if it is frequent enough to move the median),
+* the **reopen** time: a new :class:`~reclock.pipeline.Pipeline` on the same lake, as a restart
+  builds it (the remap table replayed, every output's snapshot loaded), median of 3,
+* the **live files** of the largest output and the parquet files on disk in the whole lake.
+
+Two curves: maintenance on (``every = 500``, ``history_hours = 0``: everything older than the
+resume upper compacted, vacuumed as soon as unreferenced; the bounded state a job converges to
+whatever its history window, reached quickly) and maintenance off. Targets (issue 9): with
+maintenance on, the median step and the reopen at the oldest age are within 1.5x of those at
+age 500. The **small-batch floor** compares a step with what a capable user pays for the same
+durable work: one ``write_deltalake`` append of 400 rows per table the step commits to, timed in
+the same run on a table of the same age; target <= 2x.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable, write_deltalake
+
+from benchmarks.common import figure, save_figure, workdir
+from benchmarks.harness import Ratio, ScenarioResult
+from reclock.dataplane import LocalDataPlane
+from reclock.maintenance import Maintenance
+from reclock.pipeline import Pipeline, Settings
+from sources.generator import GeneratorSource
+
+__all__ = ["run"]
+
+_WINDOW = 100
+_REOPENS = 3
+_ON = Maintenance(every=500, history_hours=0)
+_OFF = Maintenance(every=0)
+
+
+def run(full: bool = False) -> ScenarioResult:
+    on_ages = [500, 1_000, 2_000, 5_000, 10_000] + ([30_000, 100_000] if full else [])
+    off_ages = [500, 1_000, 2_000] + ([5_000, 10_000] if full else [])
+    result = ScenarioResult("growth")
+    curves = {"maintenance on": _grow(on_ages, _ON), "maintenance off": _grow(off_ages, _OFF)}
+    result.measurements["curves"] = curves
+    on = curves["maintenance on"]
+    first, last = on[0], on[-1]
+    for what in ("step_ms", "reopen_ms"):
+        result.ratios.append(
+            Ratio(
+                f"maintenance on: {what.replace('_ms', '')} at {last['age']:,} batches / at {first['age']:,}",
+                last[what] / first[what],
+                1.5,
+                lower_is_better=True,
+                detail=f"{last[what]:.0f} ms vs {first[what]:.0f} ms",
+            )
+        )
+    for point in (first, last):
+        floor = point["step_ms"] / (point["tables_committed"] * point["user_commit_ms"])
+        result.ratios.append(
+            Ratio(
+                f"small batch at {point['age']:,}: step / (tables it commits to x one user append)",
+                floor,
+                2.0,
+                lower_is_better=True,
+                detail=f"{point['step_ms']:.0f} ms vs {point['tables_committed']} x {point['user_commit_ms']:.1f} ms",
+            )
+        )
+    off = curves["maintenance off"]
+    result.notes.append(
+        f"maintenance off: step {off[0]['step_ms']:.0f} ms at {off[0]['age']:,} -> {off[-1]['step_ms']:.0f} ms at "
+        f"{off[-1]['age']:,}, reopen {off[0]['reopen_ms']:.0f} -> {off[-1]['reopen_ms']:.0f} ms, "
+        f"{off[-1]['live_files']:,} live files in one output"
+    )
+    result.plots.append(_plot(curves))
+    return result
+
+
+def _grow(ages: list[int], maintenance: Maintenance) -> list[dict[str, Any]]:
+    points = []
+    with workdir("growth") as base:
+        lake = base / "lake"
+        clock = [1_700_000_000_000]
+
+        def now() -> int:
+            clock[0] += 1000
+            return clock[0]
+
+        def open_pipeline() -> Pipeline:
+            source = GeneratorSource(partitions=2, limit=10**12, seed=1)
+            settings = Settings(max_batch=400, idle_interval=0.0)
+            return Pipeline(
+                "growth", lake, source, data_plane=LocalDataPlane(), settings=settings, maintenance=maintenance, now=now
+            )
+
+        pipeline = open_pipeline()
+        user = _UserTable(base / "user")
+        steps: list[float] = []
+        for age in ages:
+            while len(steps) < age:
+                started = time.perf_counter()
+                pipeline.step()
+                steps.append(time.perf_counter() - started)
+                user.keep_pace(len(steps), maintenance)
+            reopen = []
+            for _ in range(_REOPENS):
+                started = time.perf_counter()
+                open_pipeline()
+                reopen.append(time.perf_counter() - started)
+            largest = max(pipeline.sinks.values(), key=lambda s: len(DeltaTable(str(s.path)).file_uris()))
+            points.append(
+                {
+                    "age": age,
+                    "step_ms": statistics.median(steps[-_WINDOW:]) * 1000,
+                    "step_p90_ms": sorted(steps[-_WINDOW:])[int(_WINDOW * 0.9)] * 1000,
+                    "reopen_ms": statistics.median(reopen) * 1000,
+                    "live_files": len(DeltaTable(str(largest.path)).file_uris()),
+                    "lake_files": sum(1 for _ in lake.rglob("*.parquet")),
+                    "tables_committed": 1 + len(pipeline.sinks),
+                    "user_commit_ms": user.median_append_ms(),
+                }
+            )
+            print(f"  {'on ' if maintenance.every else 'off'} {points[-1]}", flush=True)
+    return points
+
+
+class _UserTable:
+    """The baseline: a Delta table a user appends 400 rows to with ``write_deltalake``, kept as old
+    as the pipeline's outputs (one append per pipeline step) and maintained on the same schedule."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.rows = pa.table({"id": pa.array(range(400), pa.int64()), "payload": ["x" * 40] * 400})
+        self.timings: list[float] = []
+
+    def keep_pace(self, age: int, maintenance: Maintenance) -> None:
+        started = time.perf_counter()
+        write_deltalake(self.path, self.rows, mode="append")
+        self.timings.append(time.perf_counter() - started)
+        if maintenance.every and age % maintenance.every == 0:
+            table = DeltaTable(self.path)
+            table.optimize.compact()
+            table.vacuum(retention_hours=0, dry_run=False, enforce_retention_duration=False)
+            table.create_checkpoint()
+
+    def median_append_ms(self) -> float:
+        return statistics.median(self.timings[-_WINDOW:]) * 1000
+
+
+def _plot(curves: dict[str, list[dict[str, Any]]]) -> str:
+    fig, (left, right) = figure(9.0, 3.6, columns=2)
+    for label, points in curves.items():
+        ages = [p["age"] for p in points]
+        left.plot(ages, [p["step_ms"] for p in points], marker="o", label=f"step, {label}")
+        left.plot(ages, [p["reopen_ms"] for p in points], marker="s", linestyle="--", label=f"reopen, {label}")
+        right.plot(ages, [p["live_files"] for p in points], marker="o", label=label)
+    for axis in (left, right):
+        axis.set_xscale("log")
+        axis.set_xlabel("batches so far")
+        axis.legend(fontsize=7)
+    left.set_ylabel("ms (median)")
+    right.set_ylabel("live files in the largest output")
+    right.set_yscale("log")
+    fig.suptitle("growth: cost per batch against the pipeline's age")
+    return save_figure(fig, "growth.png")
