@@ -7,7 +7,7 @@ is read at its latest version, keeping the rows with ``_into_ts <= T``: it only 
 that is exact at any ``T``, whatever maintenance rewrote or vacuumed. An upsert output rewrites
 rows, so it is time-travelled to the first version whose label reached ``T``; that version's
 files exist as long as the history window of ``vacuum`` keeps them (``[maintenance]
-history_hours``), and a read older than that is refused, never answered from other files.
+history_minutes``), and a read older than that is refused, never answered from other files.
 """
 
 from __future__ import annotations
@@ -105,7 +105,10 @@ def _plan(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> tuple[Lake
         if DeltaTable(str(path)).metadata().configuration.get(ENVELOPE) == "append":
             versions[output] = None
         else:
-            versions[output] = _first_version_reaching(path, sink_id(pipeline, output), as_of)
+            version = _first_version_reaching(path, sink_id(pipeline, output), as_of)
+            if version is None:
+                raise _vacuumed(pipeline, output, as_of)
+            versions[output] = version
     return lake, versions
 
 
@@ -115,28 +118,47 @@ def _at(path: Path, version: int | None) -> DeltaTable:
 
 def _vacuumed(pipeline: str, output: str, as_of: IntoTime) -> ValueError:
     return ValueError(
-        f"pipeline {pipeline!r}: output {output!r} cannot be read as of {as_of}: the files of that version were "
-        "vacuumed (it is older than the history window, [maintenance] history_hours)"
+        f"pipeline {pipeline!r}: output {output!r} cannot be read as of {as_of}: the log or files of that version "
+        "were removed by maintenance (it is older than the history window, [maintenance] history_minutes; "
+        "a read racing a maintenance pass may retry)"
     )
 
 
-def _first_version_reaching(path: Path, app_id: str, as_of: IntoTime) -> int:
-    """Least table version whose label is ``>= as_of``: labels only grow with versions.
+def _first_version_reaching(path: Path, app_id: str, as_of: IntoTime) -> int | None:
+    """Least table version whose label is ``>= as_of`` (labels only grow with versions), or
+    ``None`` when the log that would say which version that is was cleaned up.
 
-    Versions whose log was cleaned up (Delta keeps 30 days by default) cannot be loaded; they
-    all lie below the oldest one left, so the search treats them as too early. A cut older than
-    the retained log then reads from the oldest version left, filtered by ``_into_ts``.
+    Versions whose log is gone cannot be loaded; they all lie below the oldest one left, so the
+    search treats them as too early. The oldest loadable version ``v`` it may then land on is the
+    answer only if it provably is the first to reach ``as_of``: ``v - 1`` loads (and is below
+    ``as_of`` by the search), or ``v``'s label is ``as_of`` itself (versions with an equal label
+    hold the same rows: only unlabelled commits such as optimize separate them). Otherwise the cut
+    lies before the retained history, and an upsert output's rows then have changed since.
     """
     lo, hi = 0, DeltaTable(str(path)).version()
     while lo < hi:
         mid = (lo + hi) // 2
-        try:
-            label = DeltaTable(str(path), version=mid).transaction_version(app_id)
-        except Exception:  # the log of ``mid`` is gone: so is everything before it
-            lo = mid + 1
-            continue
+        label = _label_at(path, app_id, mid)
         if label is not None and label >= as_of:
             hi = mid
         else:
             lo = mid + 1
-    return lo
+    if lo == 0 or _loadable(path, lo - 1) or _label_at(path, app_id, lo) == as_of:
+        return lo
+    return None
+
+
+def _label_at(path: Path, app_id: str, version: int) -> IntoTime | None:
+    """The label at ``version``; ``None`` before the first batch or when its log is gone."""
+    try:
+        return DeltaTable(str(path), version=version).transaction_version(app_id)
+    except Exception:  # the log of ``version`` is gone: so is everything before it
+        return None
+
+
+def _loadable(path: Path, version: int) -> bool:
+    try:
+        DeltaTable(str(path), version=version)
+    except Exception:  # cleaned up by log retention
+        return False
+    return True

@@ -27,19 +27,19 @@ from persist.storage import lake_io
 __all__ = ["optimize", "retention_properties", "set_retention", "vacuum"]
 
 
-def retention_properties(hours: int) -> dict[str, str]:
-    """The table properties that make the log and tombstones expire after ``hours``."""
-    interval = f"interval {hours} hours"
+def retention_properties(minutes: int) -> dict[str, str]:
+    """The table properties that make the log and tombstones expire after ``minutes``."""
+    interval = f"interval {minutes} minutes"
     return {"delta.logRetentionDuration": interval, "delta.deletedFileRetentionDuration": interval}
 
 
-def set_retention(table: DeltaTable, hours: int) -> bool:
+def set_retention(table: DeltaTable, minutes: int) -> bool:
     """Give ``table`` the retention properties, in one metadata commit; ``False`` if it had them.
 
     A metadata commit conflicts with every concurrent commit, so it is written only when a
     property differs: once per table, and again only when the configured history changes.
     """
-    wanted = retention_properties(hours)
+    wanted = retention_properties(minutes)
     current = table.metadata().configuration
     if all(current.get(k) == v for k, v in wanted.items()):
         return False
@@ -66,13 +66,15 @@ def optimize(table: DeltaTable, target_size: int) -> int:
     return int(metrics.get("numFilesRemoved", 0))
 
 
-def vacuum(table: DeltaTable, hours: int) -> int:
-    """Delete the files of ``table`` that no version of the last ``hours`` needs; how many.
+def vacuum(table: DeltaTable, minutes: int) -> int:
+    """Delete the files of ``table`` that no version of the last ``minutes`` needs; how many.
 
-    ``full`` mode also deletes files the log never referenced (a task's file whose batch crashed
-    before its commit), but only once they are older than the retention too: a file a running
-    batch just wrote is never touched.
+    delta-rs takes the retention in whole hours, so it is rounded up: files are kept at least as
+    long as asked, never less. ``full`` mode also deletes files the log never referenced (a task's
+    file whose batch crashed before its commit), but only once they are older than the retention
+    too.
     """
+    hours = -(-minutes // 60)
     with lake_io(f"vacuuming {Path(table.table_uri).name}"):
         removed = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False, full=True)
     return len(removed)

@@ -93,7 +93,7 @@ STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
 
 
 #: Status readers are short CLI calls: an hour of history for them is plenty.
-_STATUS_HISTORY_HOURS = 1
+_STATUS_HISTORY_MINUTES = 60
 _STATUS_FILE_BYTES = 32 << 20
 
 
@@ -148,9 +148,9 @@ class StatusTables:
                 try:
                     table = DeltaTable(str(path))
                     table.delete(f"time_ms < {cutoff}")
-                    maintenance.set_retention(table, _STATUS_HISTORY_HOURS)
+                    maintenance.set_retention(table, _STATUS_HISTORY_MINUTES)
                     maintenance.optimize(table, _STATUS_FILE_BYTES)
-                    maintenance.vacuum(table, _STATUS_HISTORY_HOURS)
+                    maintenance.vacuum(table, _STATUS_HISTORY_MINUTES)
                 except Exception as exc:
                     log.info("status retention on %s deferred: %s", name, exc)
 

@@ -170,7 +170,10 @@ def _parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=about)
         command.add_argument("name")
         command.add_argument(
-            "--history-hours", type=_count, default=None, help="override the definition's [maintenance] history_hours"
+            "--history-minutes",
+            type=_count,
+            default=None,
+            help="override the definition's [maintenance] history_minutes",
         )
         command.set_defaults(func=_maintain, optimize=name == "optimize", vacuum=name == "vacuum")
     return parser
@@ -204,7 +207,7 @@ def _drop_file(args: argparse.Namespace) -> int:
 
 def _maintain(args: argparse.Namespace) -> int:
     report = job.maintain(
-        Lake.at(args.lake), args.name, optimize=args.optimize, vacuum=args.vacuum, history_hours=args.history_hours
+        Lake.at(args.lake), args.name, optimize=args.optimize, vacuum=args.vacuum, history_minutes=args.history_minutes
     )
     if args.optimize:
         merged = sum(report.optimized.values())

@@ -17,8 +17,8 @@ Example::
     master = "local[2]"
 
     [maintenance]              # optional; these are the defaults
-    every = 1000               # batches between the job's own table maintenance (0: never)
-    history_hours = 24         # as-of reads of every output stay exact this far back
+    every = 500                # batches between the job's own table maintenance (0: never)
+    history_minutes = 0        # upsert outputs' as-of reads and time travel stay exact this far back
     target_file_mb = 128       # optimize compacts output files to about this size
 
     [source]

@@ -133,7 +133,7 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
 
 
 def maintain(
-    lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_hours: int | None = None
+    lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_minutes: int | None = None
 ) -> MaintenanceReport:
     """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
 
@@ -143,8 +143,8 @@ def maintain(
     """
     config, _ = load(lake, name)
     policy = config.maintenance
-    if history_hours is not None:
-        policy = replace(policy, history_hours=history_hours)
+    if history_minutes is not None:
+        policy = replace(policy, history_minutes=history_minutes)
     lock = _exclusive(lake, name)
     try:
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}

@@ -9,10 +9,14 @@ What grows with a pipeline's age, and what bounds it (measurements in
   (``optimize``), files no version inside the history window needs are deleted (``vacuum``), and
   the log and checkpoint tombstones expire after the same window.
 
-The *history window* (``history_hours``) is how far back a reader can go: an as-of read of an
+The *history window* (``history_minutes``) is how far back a reader can go: an as-of read of an
 append output is exact at every time whatever the maintenance (its rows keep their ``_into_ts``),
-one of an upsert output needs the table's old files and is exact inside the window; ``reclock
-files`` reports a file's into time exactly inside the window, and outside it as the remap's since.
+one of an upsert output needs the table's old log and files and is exact inside the window;
+``reclock files`` reports a file's into time exactly inside the window, and outside it as the
+remap's since. The window is not free, and it is why the default is 0: on a local disk delta-rs
+lists the whole ``_delta_log`` folder in every commit, about 17 µs per entry (deltalake 1.6.6), so
+each retained commit makes every later commit slower; a window holds ``minutes x commits per
+minute`` entries per table, and the cost of a batch is flat in age but grows with the window.
 
 The job runs :func:`maintain` itself every ``every`` batches, in its batch loop, between one
 batch's commits and the next batch's mint, so it never races its own commits; ``reclock optimize``
@@ -35,19 +39,19 @@ from reclock.time import IntoTime
 
 __all__ = ["Maintenance", "MaintenanceReport", "maintain"]
 
-_HOUR_MS = 3_600_000
+_MINUTE_MS = 60_000
 
 
 @dataclass(frozen=True)
 class Maintenance:
     """When maintenance runs and what it keeps; the ``[maintenance]`` section of a definition."""
 
-    every: int = 1000  # batches between the job's own maintenance runs; 0: never (run it by hand)
-    history_hours: int = 24  # how far back as-of reads of every output stay exact
+    every: int = 500  # batches between the job's own maintenance runs; 0: never (run it by hand)
+    history_minutes: int = 0  # how far back upsert outputs' as-of reads and time travel stay exact
     target_file_mb: int = 128  # the size optimize compacts an output's files to
 
     def __post_init__(self) -> None:
-        for name in ("every", "history_hours"):
+        for name in ("every", "history_minutes"):
             if getattr(self, name) < 0:
                 raise ConfigError(name, "must be a whole number >= 0")
         if self.target_file_mb < 1:
@@ -83,20 +87,20 @@ def maintain(
     """
     started = time.monotonic()
     report = MaintenanceReport()
-    hours = policy.history_hours
+    minutes = policy.history_minutes
     if optimize and remap.bindings.upper:
-        since = max(0, min(resume_upper - 1, now_ms - hours * _HOUR_MS))
+        since = max(0, min(resume_upper - 1, now_ms - minutes * _MINUTE_MS))
         if remap.files > 1 or since > remap.bindings.since:
             remap.compact(since)
     report.since = remap.bindings.since
     paths = {"remap": remap.path, **outputs}
     for name, path in paths.items():
         table = DeltaTable(str(path))
-        tables.set_retention(table, hours)
+        tables.set_retention(table, minutes)
         if optimize and name != "remap":
             report.optimized[name] = tables.optimize(table, policy.target_file_mb << 20)
         if vacuum:
-            report.vacuumed[name] = tables.vacuum(table, hours)
+            report.vacuumed[name] = tables.vacuum(table, minutes)
         if optimize:
             table.update_incremental()
             table.create_checkpoint()

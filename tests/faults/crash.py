@@ -339,7 +339,7 @@ class GroupWatch(threading.Thread):
 
 #: Maintenance every few batches and no history: kills land in compactions, optimizes and
 #: vacuums too, and the checks then read tables whose old files are gone.
-_MAINTENANCE = "[maintenance]\nevery = 4\nhistory_hours = 0\n"
+_MAINTENANCE = "[maintenance]\nevery = 4\nhistory_minutes = 0\n"
 
 
 class Target:

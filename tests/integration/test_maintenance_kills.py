@@ -30,7 +30,7 @@ def _define(tmp_path: Path, every: int) -> Path:
     config = write_config(
         tmp_path / "m.toml",
         pipeline={"name": "m", "lake": "lake", "engine": "local", "max_batch": 150, "batch_interval": 0.05},
-        maintenance={"every": every, "history_hours": 0},
+        maintenance={"every": every, "history_minutes": 0},
         source={"kind": "generator", "partitions": PARTITIONS, "limit": LIMIT, "rate": 4000},
     )
     assert reclock_cli("create", str(config)).returncode == 0

@@ -67,14 +67,14 @@ def test_every_as_of_read_inside_the_history_window_is_unchanged_by_maintenance(
     """Compaction, optimize and vacuum at any points: every cut reads as in the twin lake.
 
     With a history window long enough nothing a read needs is vacuumed, so every cut is equal.
-    With no history (``history_hours = 0``) append outputs are still exact at every cut (they are
+    With no history (``history_minutes = 0``) append outputs are still exact at every cut (they are
     read at their latest version), and an upsert output is exact at every cut after the last
     maintenance; older ones are *refused* with a clear error, never answered from other files.
     """
     plain = tmp_path_factory.mktemp("plain")
     kept = tmp_path_factory.mktemp("kept")
     _drive(plain, script, set(), Maintenance(every=0))
-    _, _, maintained_at = _drive(kept, script, points, Maintenance(every=0, history_hours=history))
+    _, _, maintained_at = _drive(kept, script, points, Maintenance(every=0, history_minutes=history))
     upper = readable_upper(plain, "pipe")
     assert readable_upper(kept, "pipe") == upper
     window_start = maintained_at[-1] if maintained_at and history == 0 else 0
@@ -84,7 +84,7 @@ def test_every_as_of_read_inside_the_history_window_is_unchanged_by_maintenance(
         try:
             got = read_as_of(kept, "pipe", as_of)
         except ValueError as exc:
-            assert as_of < window_start and "vacuumed" in str(exc), exc
+            assert as_of < window_start and "removed by maintenance" in str(exc), exc
             refused += 1
             continue
         assert {name: _rows(t) for name, t in got.items()} == {name: _rows(t) for name, t in want.items()}
@@ -101,7 +101,7 @@ def test_maintenance_leaves_one_file_per_table_and_the_pipeline_resumes_exactly(
     reopened pipeline resumes where it was, and every table is back to one live file."""
     script = [[(0, 1, i), (1, 2, i)] for i in range(30)]
     _drive(tmp_path / "plain", script, set(), Maintenance(every=0))
-    pipeline, clock, _ = _drive(tmp_path / "kept", script, set(), Maintenance(every=10, history_hours=0))
+    pipeline, clock, _ = _drive(tmp_path / "kept", script, set(), Maintenance(every=10, history_minutes=0))
     lake = Lake.at(tmp_path / "kept")
     remap = RemapTable(lake.remap_path("pipe"))
     assert remap.bindings.since == 30_000  # compacted at batch 30: everything below the resume upper 30,001
@@ -122,11 +122,11 @@ def test_maintenance_leaves_one_file_per_table_and_the_pipeline_resumes_exactly(
 
 def test_an_upsert_output_read_before_the_history_window_is_refused_not_guessed(tmp_path):
     script = [[(0, 1, i)] for i in range(5)]  # the same key, updated every batch
-    pipeline, _, _ = _drive(tmp_path, script, set(), Maintenance(every=0, history_hours=0))
+    pipeline, _, _ = _drive(tmp_path, script, set(), Maintenance(every=0, history_minutes=0))
     assert read_as_of(tmp_path, "pipe", 2000)["scores"]["n"].to_pylist() == [1]
     pipeline.maintain()
     with pytest.raises(
-        ValueError, match="output 'scores' cannot be read as of 2000: the files of that version were vacuumed"
+        ValueError, match="output .scores. cannot be read as of 2000: the log or files of that version were removed"
     ):
         read_as_of(tmp_path, "pipe", 2000)
     assert read_as_of(tmp_path, "pipe", 5000)["scores"]["n"].to_pylist() == [4]
@@ -136,7 +136,7 @@ def test_a_writer_racing_a_long_running_pipeline_is_still_refused(tmp_path):
     """Kept-open snapshots and maintenance do not weaken compare-and-append or the labels: a
     second writer on the remap table or an output, with a view older than the job's, loses."""
     script = [[(0, 1, i)] for i in range(250)]  # past two checkpoints, with two maintenances
-    pipeline, clock, _ = _drive(tmp_path, script, set(), Maintenance(every=100, history_hours=0))
+    pipeline, clock, _ = _drive(tmp_path, script, set(), Maintenance(every=100, history_minutes=0))
     lake = Lake.at(tmp_path)
     stale_remap = RemapTable(lake.remap_path("pipe"))
     schema = table_schema(OUTPUTS["clicks"].schema)
