@@ -373,6 +373,7 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
         "readable_upper": upper,
         "resume_frontier": status.get("resume_frontier", "{}"),
         "last_error": status.get("last_error"),
+        "last_maintenance": status.get("last_maintenance"),
         "unreadable": "; ".join(problems) or None,
         "outputs": outputs,
     }

@@ -55,8 +55,9 @@ class FileStatus:
     ``size`` is the upper it was bound at (bytes, rows for Parquet), or as listed now when it is
     not bound; ``into_ts`` is the time of the binding that bound it (its rows' ``_into_ts``),
     ``None`` when unbound, and the remap table's ``since`` for a file bound at or before it (a
-    compaction merged those bindings; the rows keep their exact time); ``reason`` explains an Unloaded, Skipped or Ignored file, or notes that
-    a bound one was dropped, changed or is no longer listed.
+    compaction merged those bindings; the rows keep their exact time); ``reason`` explains an
+    Unloaded, Skipped or Ignored file, or notes that a bound one was dropped, changed or is no
+    longer listed.
     """
 
     path: str

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -209,6 +209,8 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
             status.batches += 1
+        if report.maintenance is not None:
+            status.last_maintenance = {"at_ms": wall_clock_ms(), **asdict(report.maintenance)}
         for output, rows in report.rows.items():
             status.rows[output] = status.rows.get(output, 0) + rows
         _record_batch(tables, pipeline, report, first_offsets)

@@ -49,6 +49,7 @@ class Status:
     bindings: int = 0
     pid: int | None = None
     metrics_port: int | None = None
+    last_maintenance: dict | None = None  # when the job last maintained its tables, and what it did
     updated_ms: int = 0
 
 

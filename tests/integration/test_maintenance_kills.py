@@ -7,6 +7,7 @@ pipeline, restarted, lands every generated record exactly once with the stamp it
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -128,6 +129,8 @@ def test_sigkill_of_a_job_maintaining_every_other_batch_loses_and_duplicates_not
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once_and_stamped_by_the_remap(lake, "m", PARTITIONS, LIMIT)
     assert _files(lake) < 20, "maintenance did not keep the outputs' files few"
+    shown = json.loads(reclock_cli("--lake", str(lake), "status", "m", "--json").stdout)[0]["last_maintenance"]
+    assert shown["since"] > 0 and shown["duration_ms"] >= 0 and set(shown["optimized"]) >= {"bids", "_errors"}
 
 
 def test_maintenance_by_hand_refuses_a_running_pipeline(tmp_path):

@@ -126,7 +126,7 @@ def test_an_upsert_output_read_before_the_history_window_is_refused_not_guessed(
     assert read_as_of(tmp_path, "pipe", 2000)["scores"]["n"].to_pylist() == [1]
     pipeline.maintain()
     with pytest.raises(
-        ValueError, match="output .scores. cannot be read as of 2000: the log or files of that version were removed"
+        ValueError, match=r"output 'scores' cannot be read as of 2000: the log or files of that version were removed"
     ):
         read_as_of(tmp_path, "pipe", 2000)
     assert read_as_of(tmp_path, "pipe", 5000)["scores"]["n"].to_pylist() == [4]
