@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.sink import DELETED, INTO_TS, DataFile, write_data_file
-from reclock.errors import DefiniteSourceError, TransientError, describe
+from reclock.errors import ContractError, ErrorKind, classify, describe
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import IntoTime, encode_partition
 from sources.base import ERRORS, Source, Split
@@ -70,7 +70,7 @@ class SplitResult:
     started_ms: int = 0
     duration_ms: int = 0
     error: str | None = None
-    error_kind: str | None = None  # "transient", "data", "definite" or "invariant"
+    error_kind: ErrorKind | None = None
 
     @property
     def partition(self) -> str:
@@ -154,13 +154,12 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     except Exception as exc:
         for f in files:
             _unlink(os.path.join(plan.roots[f.output], f.path))
-        kind = _error_kind(exc)
         return SplitResult(
             split,
             started_ms=int(started * 1000),
             duration_ms=int((time.time() - started) * 1000),
             error=describe(exc),
-            error_kind=kind,
+            error_kind=classify(exc),
         )
     return SplitResult(
         split, files, started_ms=int(started * 1000), duration_ms=int((time.time() - started) * 1000), **stats
@@ -180,10 +179,10 @@ def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict
             stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
         schema = plan.schemas.get(output)
         if schema is None:
-            raise ValueError(f"source yielded rows for unknown output {output!r} from split {split!r}")
+            raise ContractError(f"source yielded rows for unknown output {output!r} from split {split!r}")
         into = plan.stamper.into_times(batch.column("_partition"), batch.column("_offset"), partition=partition)
         if len(into) and (into == UNBOUND).any():
-            raise AssertionError(f"split {split!r} yielded a record no binding covers: reads must stay in their split")
+            raise ContractError(f"split {split!r} yielded a record no binding covers: reads must stay in their split")
         keep = into >= plan.uppers[output]
         if not keep.any():
             continue
@@ -203,16 +202,6 @@ def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict
         if counts[output] >= plan.file_rows:
             files.append(_flush(plan, output, pending, counts))
     files.extend(_flush(plan, output, pending, counts) for output in list(pending))
-
-
-def _error_kind(exc: Exception) -> str:
-    if isinstance(exc, TransientError):
-        return "transient"
-    if isinstance(exc, DefiniteSourceError):
-        return "definite"
-    if isinstance(exc, AssertionError):
-        return "invariant"
-    return "data"
 
 
 def _unlink(path: str) -> None:

@@ -7,13 +7,18 @@ from "the source is broken for good" from "someone else owns this pipeline now".
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 __all__ = [
     "ConfigError",
+    "ContractError",
     "DefiniteSourceError",
+    "ErrorKind",
     "FencedError",
     "ReclockError",
     "StorageError",
     "TransientError",
+    "classify",
     "describe",
 ]
 
@@ -40,6 +45,14 @@ class DefiniteSourceError(ReclockError):
     """
 
 
+class ContractError(ReclockError):
+    """A source broke its contract (rows for an undeclared output, a read outside its split).
+
+    A bug in the source, not bad data: the batch fails at once and is never skipped, because
+    skipping would hide the bug behind a range of "bad records" that were never bad.
+    """
+
+
 class FencedError(ReclockError):
     """Another writer committed something this writer's view cannot adopt."""
 
@@ -60,6 +73,26 @@ class StorageError(TransientError):
     operator, and goes on exactly where it was once the storage accepts writes again. It must never
     count as bad data, or a batch could be skipped because a disk was full.
     """
+
+
+class ErrorKind(StrEnum):
+    """How a failed task's error is handled: the pipeline's retry, skip and fail rules key on it."""
+
+    TRANSIENT = "transient"  # stall and retry for as long as it lasts; never skip
+    DATA = "data"  # retry the batch max_retries times, then fail or skip (stop_on_error)
+    DEFINITE = "definite"  # the source can never go on: fail
+    INVARIANT = "invariant"  # a bug or a broken contract: fail, never skip
+
+
+def classify(exc: BaseException) -> ErrorKind:
+    """The kind of an exception a task raised; anything unrecognised is a bad-data failure."""
+    if isinstance(exc, TransientError):
+        return ErrorKind.TRANSIENT
+    if isinstance(exc, DefiniteSourceError):
+        return ErrorKind.DEFINITE
+    if isinstance(exc, (AssertionError, ContractError)):
+        return ErrorKind.INVARIANT
+    return ErrorKind.DATA
 
 
 def describe(exc: BaseException) -> str:

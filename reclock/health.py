@@ -1,7 +1,9 @@
-"""Health of a running pipeline, ordered so that the worst status wins when several are reported.
+"""Health of a running pipeline, as the job reports it in ``status.json`` and ``reclock status``.
 
-``stalled`` is a transient fault (broker down, commit conflict): retried with backoff, shown with
-the error and a hint, and never mistaken for progress. ``failed`` is definite: retrying cannot help.
+``stalled`` is a transient fault (broker down, commit conflict, a full disk): retried with
+backoff, shown with the error and a hint, and never mistaken for progress. ``failed`` is definite:
+retrying cannot help. A reader also derives ``dead`` (no job holds the lock) in
+:func:`reclock.status.read_status`; the job itself never reports it.
 """
 
 from __future__ import annotations
@@ -17,10 +19,3 @@ class Health(StrEnum):
     STOPPED = "stopped"
     STALLED = "stalled"
     FAILED = "failed"
-
-    @property
-    def rank(self) -> int:
-        return list(Health).index(self)
-
-    def worst(self, other: Health) -> Health:
-        return self if self.rank >= other.rank else other

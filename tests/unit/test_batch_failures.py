@@ -10,7 +10,8 @@ import pytest
 from reclock.dataplane import LocalDataPlane
 from reclock.errors import TransientError
 from reclock.health import Health
-from reclock.pipeline import BatchFailed, BatchState, Pipeline, Settings
+from reclock.pipeline import BatchFailed, BatchState, Pipeline
+from reclock.settings import Settings
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from tests.unit.test_pipeline import tables
 
@@ -217,3 +218,25 @@ def test_an_error_whose_message_names_its_type_is_reported_with_the_type_once(tm
         pipeline.run()
     assert failed.value.report.results[0].error == "SelfNamedError: Unable to bootstrap"
     assert pipeline.last_error.count("SelfNamedError") == 1
+
+
+class RogueSource(MemorySource):
+    """Yields rows for an output it never declared: a broken source, not bad data."""
+
+    def read(self, split):
+        for output, batch in super().read(split):
+            yield "undeclared", batch
+            yield output, batch
+
+
+def test_a_source_breaking_its_contract_fails_the_pipeline_even_when_skipping_is_allowed(tmp_path):
+    source = RogueSource(SCHEMAS)
+    fill(source)
+    source.finish()
+    knobs = Settings(max_retries=3, retry_backoff=0, stop_on_error=False)
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), settings=knobs)
+    reports = reports_of(pipeline)
+    assert [r.state for r in reports] == [BatchState.FAILED]  # no retries, no skip: a bug fails at once
+    assert pipeline.health is Health.FAILED
+    assert "ContractError: source yielded rows for unknown output 'undeclared'" in pipeline.last_error
+    assert pipeline.remap.skips == [] and tables(tmp_path, "p")["clicks"] == []
