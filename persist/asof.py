@@ -22,7 +22,8 @@ from persist.lake import Lake, sink_id
 from persist.read import read_table
 from persist.remap import RemapTable
 from persist.sink import ENVELOPE
-from reclock.time import IntoTime
+from reclock.resumption import is_finished, resume_upper
+from reclock.time import IntoTime, label_upper
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -34,8 +35,8 @@ CLOSED_UPPER: IntoTime = 2**63 - 1
 
 
 def output_upper(path: Path, app_id: str) -> IntoTime:
-    version = DeltaTable(str(path)).transaction_version(app_id)
-    return 0 if version is None else version + 1
+    """An output table's upper, from its newest label."""
+    return label_upper(DeltaTable(str(path)).transaction_version(app_id))
 
 
 def readable_upper(lake: str | Path | Lake, pipelines: str | list[str]) -> IntoTime:
@@ -52,8 +53,7 @@ def readable_upper(lake: str | Path | Lake, pipelines: str | list[str]) -> IntoT
         uppers = [output_upper(lake.output_path(name, o), sink_id(name, o)) for o in lake.outputs(name)]
         if not uppers:
             return 0
-        bindings = RemapTable(lake.remap_path(name)).bindings
-        if bindings.is_closed and min(uppers) >= bindings.upper:
+        if is_finished(RemapTable(lake.remap_path(name)).bindings, resume_upper(uppers)):
             continue
         upper = min(upper, *uppers)
     return upper

@@ -27,7 +27,6 @@ frontier (Materialize #12600: never rebind what is already bound).
 
 from __future__ import annotations
 
-import time as wall_time
 from bisect import bisect_right
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +40,7 @@ from persist.read import read_table
 from persist.sink import write_data_file
 from persist.storage import lake_io
 from reclock.bindings import Bindings
-from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition
+from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition, wall_clock_ms
 
 __all__ = ["COMPACTED", "REMAP_SCHEMA", "RemapTable", "Skip"]
 
@@ -207,7 +206,7 @@ class RemapTable:
         version = self._table.version()
         data = write_data_file(str(self.path), "remap", rows)
         self._table.create_write_transaction(
-            [AddAction(data.path, data.size, {}, int(wall_time.time() * 1000), True, data.stats)],
+            [AddAction(data.path, data.size, {}, wall_clock_ms(), True, data.stats)],
             mode=mode,
             schema=self._table.schema(),
             commit_properties=CommitProperties(max_commit_retries=0, app_transactions=labels),

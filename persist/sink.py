@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +34,7 @@ from deltalake.transaction import AddAction
 
 from persist.storage import lake_io
 from reclock.errors import FencedError
-from reclock.time import IntoTime
+from reclock.time import IntoTime, label_upper, wall_clock_ms
 
 __all__ = ["DELETED", "ENVELOPE", "INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
 
@@ -179,7 +178,7 @@ class OutputSink:
                 f"output table {self.path} moved to upper {current} while a batch planned from {planned} ran: "
                 "another driver is writing this pipeline"
             )
-        now_ms = int(time.time() * 1000)
+        now_ms = wall_clock_ms()
         properties = CommitProperties(
             app_transactions=[Transaction(self.app_id, binding_ts, now_ms)],
             custom_metadata={"reclock.into_ts": str(binding_ts)},
@@ -245,8 +244,7 @@ def _unlink(path: str | Path) -> None:
 
 
 def _label_upper(table: DeltaTable, app_id: str) -> IntoTime:
-    version = table.transaction_version(app_id)
-    return 0 if version is None else version + 1
+    return label_upper(table.transaction_version(app_id))
 
 
 def _stats_json(table: pa.Table) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +27,7 @@ from deltalake import DeltaTable, write_deltalake
 from persist import maintenance
 from persist.lake import Lake
 from persist.read import read_table
+from reclock.time import wall_clock_ms
 
 __all__ = ["STATUS_SCHEMAS", "StatusTables", "read_status_table"]
 
@@ -111,7 +111,7 @@ class StatusTables:
         self._thread.start()
 
     def append(self, table: str, rows: list[dict[str, Any]]) -> None:
-        now = int(time.time() * 1000)
+        now = wall_clock_ms()
         with self._lock:
             self._buffer[table].extend({"time_ms": now, **row} for row in rows)
 
@@ -141,7 +141,7 @@ class StatusTables:
 
     def _maintain(self) -> None:
         """Expire old rows, then compact and vacuum; other jobs of the lake may do it at once."""
-        cutoff = int(time.time() * 1000) - self.retention_ms
+        cutoff = wall_clock_ms() - self.retention_ms
         for name in STATUS_SCHEMAS:
             path = self.lake.root / "_status" / name
             if (path / "_delta_log").is_dir():

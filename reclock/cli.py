@@ -31,6 +31,7 @@ from reclock.config import load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
 from reclock.status import DEAD, read_status
+from reclock.time import label_upper
 from sources.base import ERRORS
 
 __all__ = ["main"]
@@ -401,7 +402,7 @@ def _output_status(lake: Lake, name: str, output: str) -> tuple[int, int]:
             actions.column("path").to_pylist(), actions.column("num_records").to_pylist(), strict=True
         ):
             count += records if records is not None else pq.ParquetFile(root / path).metadata.num_rows
-    return count, 0 if label is None else label + 1
+    return count, label_upper(label)
 
 
 def _demo(args: argparse.Namespace) -> int:

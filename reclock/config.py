@@ -41,8 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from reclock.errors import ConfigError
-from reclock.maintenance import Maintenance
-from reclock.pipeline import Settings
+from reclock.settings import Maintenance, Settings
 from sources.base import Source
 
 __all__ = ["PipelineConfig", "build_source", "load_config", "parse_config", "redacted"]

@@ -33,10 +33,11 @@ from reclock.health import Health
 from reclock.maintenance import MaintenanceReport
 from reclock.maintenance import maintain as run_maintenance
 from reclock.metrics import Metrics
-from reclock.pipeline import BatchReport, BatchState, Pipeline, wall_clock_ms
+from reclock.pipeline import BatchReport, BatchState, Pipeline
+from reclock.resumption import resume_upper
 from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.status_restore import restore_history
-from reclock.time import encode_partition
+from reclock.time import encode_partition, wall_clock_ms
 from sources.base import Source
 from sources.files import FilesSource
 
@@ -148,9 +149,9 @@ def maintain(
     lock = _exclusive(lake, name)
     try:
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
-        resume_upper = min((output_upper(path, sink_id(name, o)) for o, path in outputs.items()), default=0)
+        upper = resume_upper(output_upper(path, sink_id(name, o)) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name))
-        return run_maintenance(remap, outputs, resume_upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum)
+        return run_maintenance(remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum)
     finally:
         lock.close()
 

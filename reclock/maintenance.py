@@ -34,28 +34,12 @@ from deltalake import DeltaTable
 
 from persist import maintenance as tables
 from persist.remap import RemapTable
-from reclock.errors import ConfigError
+from reclock.settings import Maintenance
 from reclock.time import IntoTime
 
-__all__ = ["Maintenance", "MaintenanceReport", "maintain"]
+__all__ = ["MaintenanceReport", "maintain"]
 
 _MINUTE_MS = 60_000
-
-
-@dataclass(frozen=True)
-class Maintenance:
-    """When maintenance runs and what it keeps; the ``[maintenance]`` section of a definition."""
-
-    every: int = 500  # batches between the job's own maintenance runs; 0: never (run it by hand)
-    history_minutes: int = 0  # how far back upsert outputs' as-of reads and time travel stay exact
-    target_file_mb: int = 128  # the size optimize compacts an output's files to
-
-    def __post_init__(self) -> None:
-        for name in ("every", "history_minutes"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, "must be a whole number >= 0")
-        if self.target_file_mb < 1:
-            raise ConfigError("target_file_mb", "must be >= 1")
 
 
 @dataclass

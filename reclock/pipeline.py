@@ -26,9 +26,7 @@ labels skip what already landed (exactly once).
 from __future__ import annotations
 
 import logging
-import math
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -40,43 +38,26 @@ from persist.lake import NAME_PATTERN, Lake, sink_id
 from persist.remap import RemapTable, Skip
 from persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
 from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
-from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError, describe
+from reclock.errors import (
+    ConfigError,
+    DefiniteSourceError,
+    ErrorKind,
+    FencedError,
+    ReclockError,
+    TransientError,
+    describe,
+)
 from reclock.health import Health
-from reclock.maintenance import Maintenance, MaintenanceReport, maintain
-from reclock.time import Frontier, IntoTime, encode_partition
+from reclock.maintenance import MaintenanceReport, maintain
+from reclock.minting import Interrupted, Minter
+from reclock.resumption import is_finished, resume_frontier, resume_upper
+from reclock.settings import Maintenance, Settings
+from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
 from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, Split
 
-__all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline", "Settings", "wall_clock_ms"]
+__all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
 
 log = logging.getLogger("reclock.pipeline")
-
-
-def wall_clock_ms() -> int:
-    return int(time.time() * 1000)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Tuning knobs; the defaults suit a local demo."""
-
-    batch_interval: float = 1.0  # seconds to wait when the source has nothing new
-    max_batch: int = 1_000_000  # offsets per binding and per batch (backpressure)
-    idle_interval: float = 10.0  # seconds between time-only bindings while idle
-    max_retries: int = 3  # failed attempts of a batch before the pipeline fails
-    retry_backoff: float = 1.0  # seconds, doubled per attempt
-    max_backoff: float = 30.0  # seconds: the longest wait between attempts while stalled
-    stop_on_error: bool = True  # after max_retries: stop (True) or skip what failed, recorded (False)
-    file_rows: int = 1_000_000  # rows per parquet file a task writes
-
-    def __post_init__(self) -> None:
-        for name in ("batch_interval", "idle_interval", "retry_backoff", "max_backoff"):
-            if not 0 <= getattr(self, name) < math.inf:  # NaN fails too: it would never wait, or wait forever
-                raise ConfigError(name, f"must be a finite number >= 0, got {getattr(self, name)!r}")
-        for name in ("max_batch", "file_rows"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, "must be >= 1")
-        if self.max_retries < 0:
-            raise ConfigError("max_retries", "must be >= 0")
 
 
 class BatchState(StrEnum):
@@ -146,12 +127,11 @@ class Pipeline:
         self._batches_since_maintenance = 0
         self.health = Health.STARTING
         self.last_error: str | None = None
-        self._last_probe: Frontier | None = None
-        self._probing: _Call | None = None
         self._now = now
         self._on_step = on_step or (lambda step: None)
         self.outputs = _outputs_of(source)
         self.remap = RemapTable(self.lake.remap_path(name))
+        self.minter = Minter(name, source, self.remap, self.settings, now)
         self.sinks = {
             output.name: OutputSink(
                 self.lake.output_path(name, output.name),
@@ -168,27 +148,27 @@ class Pipeline:
     @property
     def resume_upper(self) -> IntoTime:
         """The slowest output's upper: everything below it is durable in every output."""
-        return min(sink.upper for sink in self.sinks.values())
+        return resume_upper(sink.upper for sink in self.sinks.values())
 
     def resume_frontier(self) -> Frontier:
         """``R(resume_upper - 1)``: where the source resumes, and what it may commit upstream."""
-        return self.remap.bindings.source_upper_at(self.resume_upper)
+        return resume_frontier(self.remap.bindings, self.resume_upper)
 
     @property
     def finished(self) -> bool:
         """The source is closed and every output holds its closing binding."""
-        bindings = self.remap.bindings
-        return bindings.is_closed and self.resume_upper >= bindings.upper
+        return is_finished(self.remap.bindings, self.resume_upper)
 
     # -- the batch loop ------------------------------------------------------------------------
 
     @property
     def lag(self) -> int | None:
         """Offsets the last probe saw that are not yet in every output (``None`` before a probe)."""
-        if self._last_probe is None:
+        probe = self.minter.last_probe
+        if probe is None:
             return None
         resume = self.resume_frontier()
-        return 0 if resume.is_closed else resume.count_to(resume.join(self._last_probe))
+        return 0 if resume.is_closed else resume.count_to(resume.join(probe))
 
     @property
     def pending(self) -> bool:
@@ -201,7 +181,7 @@ class Pipeline:
 
     def _step(self, stop: threading.Event | None) -> BatchReport:
         if not self.pending:
-            self._probe_and_mint(stop)
+            self.minter.probe_and_mint(stop)
             self._on_step("minted")
         report = self._run_batch()
         if not report.idle:
@@ -280,12 +260,12 @@ class Pipeline:
         while not stop.is_set() and not self.finished:
             try:
                 report = self._step(stop)
-            except _Interrupted:
+            except Interrupted:
                 break
             except BatchFailed as exc:
-                data = "data" in exc.kinds
+                data = ErrorKind.DATA in exc.kinds
                 spent = data and attempts >= self.settings.max_retries
-                if exc.kinds & {"invariant", "definite"} or (spent and self.settings.stop_on_error):
+                if exc.kinds & {ErrorKind.INVARIANT, ErrorKind.DEFINITE} or (spent and self.settings.stop_on_error):
                     self._fail(exc)
                     observe(exc.report)
                     raise
@@ -347,53 +327,6 @@ class Pipeline:
         observe(None)
 
     # -- steps ---------------------------------------------------------------------------------
-
-    def _probe_and_mint(self, stop: threading.Event | None) -> None:
-        # Step 1: probe.
-        bindings = self.remap.bindings
-        if bindings.is_closed:
-            return
-        bound = bindings.frontier
-        end = self.source.end()
-        if end is not None and end.less_equal(bound):
-            proposal = Frontier.closed()
-        else:
-            probe = self._upper(stop)
-            if getattr(self.source, "forgets_partitions", False):
-                probe = bound.join(probe)
-            self._last_probe = probe
-            if not bound.less_equal(probe):
-                behind = [(p, probe.offset(p), o) for p, o in bound.items() if probe.offset(p) < o]
-                named = ", ".join(f"{encode_partition(p)} is at {now} below bound {o}" for p, now, o in behind[:3])
-                more = f" (and {len(behind) - 3} more)" if len(behind) > 3 else ""
-                raise DefiniteSourceError(
-                    f"pipeline {self.name}: the source went back below what is already bound: {named}{more}; "
-                    "was the source recreated (a topic deleted, a broker replaced)?"
-                )
-            proposal = self.source.cap(bound, probe, self.settings.max_batch)
-        # Step 2: mint.
-        now = self._now()
-        if proposal == bound and bindings.upper and now - (bindings.upper - 1) < self.settings.idle_interval * 1000:
-            return
-        self.remap.mint(max(now, bindings.upper), proposal)
-
-    def _upper(self, stop: threading.Event | None) -> Frontier:
-        """``source.upper()``, given up as soon as ``stop`` is set (then :class:`_Interrupted`).
-
-        A probe may wait long for a source that does not answer (a Kafka probe waits up to
-        ``read_timeout_s`` to bootstrap), and nothing is durable before the mint, so a stop need
-        not wait for it. The probe runs on a helper thread; one that was given up keeps running
-        and the next probe takes its answer instead of starting a second one beside it (the
-        source's upper never goes back, so an earlier answer is still a valid probe).
-        """
-        if stop is None:
-            return self.source.upper()
-        if self._probing is None:
-            self._probing = _Call(self.source.upper, f"reclock-probe-{self.name}")
-        if not self._probing.wait(stop):
-            raise _Interrupted
-        call, self._probing = self._probing, None
-        return call.result()
 
     def _run_batch(self) -> BatchReport:
         # Step 3: plan from the slowest output.
@@ -522,41 +455,6 @@ class Pipeline:
         self.health = Health.FAILED
         self.last_error = describe(exc)
         log.error("pipeline %s failed: %s", self.name, self.last_error)
-
-
-class _Interrupted(Exception):
-    """A stop was asked for while the driver waited for the source; nothing was minted."""
-
-
-class _Call:
-    """``fn()`` on a daemon thread, whose caller can stop waiting for it."""
-
-    def __init__(self, fn: Callable[[], Frontier], name: str) -> None:
-        self._done = threading.Event()
-        self._value: Frontier | None = None
-        self._error: BaseException | None = None
-        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
-
-    def _run(self, fn: Callable[[], Frontier]) -> None:
-        try:
-            self._value = fn()
-        except BaseException as exc:  # handed to the waiting thread by result()
-            self._error = exc
-        finally:
-            self._done.set()
-
-    def wait(self, stop: threading.Event) -> bool:
-        """``True`` once the call returned; ``False`` as soon as ``stop`` is set before that."""
-        while not self._done.wait(0.05):
-            if stop.is_set():
-                return False
-        return True
-
-    def result(self) -> Frontier:
-        if self._error is not None:
-            raise self._error
-        assert self._value is not None
-        return self._value
 
 
 def _in_split_order(results: list[SplitResult], splits: Sequence[Split]) -> list[SplitResult]:

@@ -25,8 +25,8 @@ from persist.lake import Lake
 from persist.status_tables import StatusTables, read_status_table
 from reclock.errors import describe
 from reclock.file_states import FileState, derive_file_states
-from reclock.pipeline import BatchState, Pipeline, wall_clock_ms
-from reclock.time import encode_partition
+from reclock.pipeline import BatchState, Pipeline
+from reclock.time import encode_partition, wall_clock_ms
 
 __all__ = ["restore_history"]
 

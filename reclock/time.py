@@ -12,11 +12,16 @@ and :meth:`Frontier.meet` (min); the closed frontier is the top, the empty one t
 
 Partition ids are hashable values; those that reach a Delta table must be ``int``, ``str`` or
 tuples of them, which :func:`encode_partition` turns into one canonical string.
+
+*Into time* is milliseconds since the epoch (:func:`wall_clock_ms` is the default clock). An
+output whose newest commit is labelled with binding time ``T`` holds every row with
+``_into_ts <= T``, so its *upper* is ``T + 1`` (:func:`label_upper`).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Hashable, Iterator, Mapping
 from typing import TypeAlias
 
@@ -28,6 +33,8 @@ __all__ = [
     "Partition",
     "decode_partition",
     "encode_partition",
+    "label_upper",
+    "wall_clock_ms",
 ]
 
 Partition: TypeAlias = Hashable
@@ -36,6 +43,16 @@ IntoTime: TypeAlias = int
 
 #: The offset a closed frontier reports for every partition: above any int64 source offset.
 MAX_OFFSET: Offset = 2**63 - 1
+
+
+def wall_clock_ms() -> IntoTime:
+    """Now, as an into time: the timeline's default clock."""
+    return int(time.time() * 1000)
+
+
+def label_upper(label: IntoTime | None) -> IntoTime:
+    """The into-time upper of an output whose newest commit label is ``label`` (0 before any)."""
+    return 0 if label is None else label + 1
 
 
 class Frontier:

@@ -231,7 +231,8 @@ class _Timed:
 def _batch_costs(session: Any, sizes: dict[str, list[int]], runs: int) -> dict[str, dict[str, list[float]]]:
     """Median seconds of one pipeline step per batch size, per plane, per source."""
     from reclock.dataplane import LocalDataPlane, SparkDataPlane
-    from reclock.pipeline import Pipeline, Settings
+    from reclock.pipeline import Pipeline
+    from reclock.settings import Settings
     from sources.generator import GeneratorSource
     from sources.kafka import KafkaSource
 

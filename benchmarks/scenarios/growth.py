@@ -36,8 +36,8 @@ from benchmarks.common import figure, save_figure, workdir
 from benchmarks.harness import Ratio, ScenarioResult
 from persist.maintenance import set_retention
 from reclock.dataplane import LocalDataPlane
-from reclock.maintenance import Maintenance
-from reclock.pipeline import Pipeline, Settings
+from reclock.pipeline import Pipeline
+from reclock.settings import Maintenance, Settings
 from sources.generator import GeneratorSource
 
 __all__ = ["run"]

@@ -11,7 +11,8 @@ from persist.asof import CLOSED_UPPER, read_as_of, read_as_of_spark, readable_up
 from persist.lake import Lake
 from persist.read import read_table
 from reclock.dataplane import LocalDataPlane, SparkDataPlane
-from reclock.pipeline import Pipeline, Settings
+from reclock.pipeline import Pipeline
+from reclock.settings import Settings
 from reclock.testing import FakeClock
 from sources.generator import GeneratorSource
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap

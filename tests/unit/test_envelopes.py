@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from persist.asof import read_as_of
 from persist.lake import Lake
 from persist.read import read_table
-from reclock.pipeline import Pipeline, Settings
+from reclock.pipeline import Pipeline
+from reclock.settings import Settings
 from reclock.testing import FakeClock, MemorySource
 from sources.base import Output
 

@@ -31,7 +31,8 @@ from kafka.consumer.fetcher import ConsumerRecord
 
 from persist.asof import read_as_of, readable_upper
 from reclock.dataplane import LocalDataPlane
-from reclock.pipeline import Pipeline, Settings
+from reclock.pipeline import Pipeline
+from reclock.settings import Settings
 from reclock.testing import MemorySource
 from reclock.time import encode_partition
 from sources.base import ERRORS, LINEAGE_FIELDS, Split, error_batch

@@ -18,8 +18,8 @@ from persist.lake import Lake, sink_id
 from persist.remap import RemapTable
 from persist.sink import OutputSink, table_schema
 from reclock.errors import FencedError
-from reclock.maintenance import Maintenance
-from reclock.pipeline import Pipeline, Settings
+from reclock.pipeline import Pipeline
+from reclock.settings import Maintenance, Settings
 from reclock.testing import FakeClock, MemorySource
 from sources.base import Output
 from tests.faults.reader import DeltaLog, read_rows

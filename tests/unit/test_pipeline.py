@@ -17,7 +17,8 @@ from persist.read import read_table
 from reclock import Frontier
 from reclock.errors import DefiniteSourceError
 from reclock.health import Health
-from reclock.pipeline import Pipeline, Settings
+from reclock.pipeline import Pipeline
+from reclock.settings import Settings
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 
 SCHEMAS = {"clicks": pa.schema([("user", pa.int64())]), "views": pa.schema([("page", pa.string())])}

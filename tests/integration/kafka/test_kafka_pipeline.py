@@ -34,7 +34,8 @@ from reclock.broker import EmbeddedBroker
 from reclock.config import load_config
 from reclock.dataplane import LocalDataPlane, SparkDataPlane
 from reclock.health import Health
-from reclock.pipeline import BatchFailed, Pipeline, Settings
+from reclock.pipeline import BatchFailed, Pipeline
+from reclock.settings import Settings
 from reclock.time import Frontier, decode_partition, encode_partition
 from sources.base import ERRORS
 from sources.kafka import KafkaSource, output_name_for
