@@ -88,5 +88,6 @@ def maintain(
         if optimize:
             table.update_incremental()
             table.create_checkpoint()
+    remap.sync()  # the passes above committed to the remap table too: the next mint compares against them
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report
