@@ -37,9 +37,11 @@ class DeltaLog:
     """The live state of one Delta table, brought up to date by :meth:`refresh`.
 
     Commit files are immutable once they exist, so a refresh only parses the versions it has not
-    seen: cheap enough to poll every 100 ms while a job writes. ``from_checkpoint`` makes the first
-    refresh start from the newest checkpoint instead of version 0, which is how a real reader
-    starts and what :func:`checkpoint_agrees` compares against a full replay.
+    seen: cheap enough to poll every 100 ms while a job writes. The first refresh replays from
+    version 0 when the whole log is there, else from the newest checkpoint (log cleanup removed,
+    or was removing, older commits); ``from_checkpoint`` forces the latter, which is how a real
+    reader starts and what :func:`checkpoint_agrees` compares against a full replay. A commit
+    missing *after* the starting point is a broken table and fails the refresh.
     """
 
     path: Path
@@ -54,9 +56,13 @@ class DeltaLog:
             return self
         names = [p.name for p in log.iterdir()]
         commits = sorted(int(m.group(1)) for m in map(_COMMIT.match, names) if m)
-        if self.version < 0 and (self.from_checkpoint or (commits and commits[0] > 0)):
+        if self.version < 0:
             checkpoints = sorted({int(m.group(1)) for m in map(_CHECKPOINT.match, names) if m})
-            if checkpoints:
+            # Log cleanup deletes the commits below a checkpoint in no particular order, and may be
+            # interrupted: replay from version 0 only while every commit up to the checkpoint is
+            # there, as a real reader would start from the checkpoint anyway.
+            complete = checkpoints and set(range(checkpoints[-1] + 1)) <= set(commits)
+            if checkpoints and (self.from_checkpoint or not complete):
                 self._load_checkpoint(log, checkpoints[-1], names)
         for version in commits:
             if version <= self.version:

@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,6 +55,24 @@ def test_refresh_reads_only_new_commits_and_a_missing_table_has_no_rows(tmp_path
     assert read_rows(log.refresh())["id"].to_pylist() == [1]
     _append(tmp_path / "t", [2], label=3)
     assert sorted(read_rows(log.refresh())["id"].to_pylist()) == [1, 2] and label_of(log, "app") == 3
+
+
+def test_an_interrupted_log_cleanup_reads_from_the_checkpoint_and_a_later_gap_still_fails(tmp_path):
+    """Cleanup deletes commits below a checkpoint in any order; a SIGKILL can leave 0.json beside a
+    hole. Readers start at the checkpoint then; a hole after it is a broken table."""
+    path = tmp_path / "t"
+    for i in range(4):
+        _append(path, [i], label=i)
+    DeltaTable(str(path)).create_checkpoint()
+    _append(path, [9], label=9)
+    log_dir = path / "_delta_log"
+    (log_dir / f"{2:020d}.json").unlink()  # cleanup killed half way: 0.json is still there
+    log = DeltaLog(path).refresh()
+    assert sorted(read_rows(log)["id"].to_pylist()) == [0, 1, 2, 3, 9] and label_of(log, "app") == 9
+    _append(path, [10], label=10)
+    (log_dir / f"{4:020d}.json").unlink()  # a commit after the checkpoint lost: the table is broken
+    with pytest.raises(AssertionError, match="the log has a gap"):
+        DeltaLog(path).refresh()
 
 
 @settings(max_examples=25, deadline=None)
