@@ -578,7 +578,7 @@ _BUCKETS = (
     ("parquet write + stats (persist/sink.py)", ("persist/sink.py", "pyarrow/parquet")),
     ("stamping (reclock/stamp.py)", ("reclock/stamp.py",)),
     ("reclock data plane (reclock/dataplane.py)", ("reclock/dataplane.py",)),
-    ("Kafka source Python (sources/kafka.py)", ("sources/kafka.py",)),
+    ("Kafka source Python (sources/kafka/)", ("sources/kafka/",)),
     ("other reclock / persist / sources", ("reclock/", "persist/", "sources/")),
     ("delta-rs (deltalake)", ("deltalake/",)),
     (
@@ -591,7 +591,7 @@ _MARKERS = (
     "run_split",
     "KafkaSource.read",
     "KafkaConsumer.poll",
-    "KafkaSource._shape",
+    "shape",
     "Decoder.decode",
     "write_data_file",
     "Stamper.into_times",

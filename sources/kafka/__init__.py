@@ -1,0 +1,50 @@
+"""Kafka source: exact offset ranges of topic partitions, read with kafka-python.
+
+A partition id is ``(topic, partition)`` and an offset is Kafka's own, so a :class:`Frontier` of
+this source says, per partition, the first offset not yet complete. Each topic routes to one
+output (by default an output named after the topic); a record becomes a row of that output with
+``_partition`` / ``_offset`` lineage, or a row of :data:`~sources.base.ERRORS`.
+
+The stages, in the design's words, one module each:
+
+* **options and routing** (:mod:`~sources.kafka.config`): every option checked in the constructor;
+  which output each topic feeds and how its records decode.
+* **clients** (:mod:`~sources.kafka.clients`): how each kafka-python consumer is configured, and
+  the driver's long-lived ones. ``client_settings`` (SASL, SSL, timeouts) are passed through to
+  every client and never logged or shown in ``repr``.
+* **probe** (:mod:`~sources.kafka.probe`, :meth:`KafkaSource.upper`, driver): the fetch-response
+  high watermark of every partition, never regressing; discovery of topics and partitions; start
+  positions.
+* **split** (:mod:`~sources.kafka.splits`, :meth:`KafkaSource.splits`, driver): ``[max(lower,
+  start position), upper)`` per partition, cut at ``max_split_offsets``; offsets lost to retention.
+* **read** (:mod:`~sources.kafka.reader`, :meth:`KafkaSource.read`, Spark task): a fresh consumer
+  reads exactly ``[start, end)`` and shapes the records into output and errors batches of at most
+  :attr:`KafkaSource.flush_rows` rows.
+* **commit** (:mod:`~sources.kafka.committer`, :meth:`KafkaSource.commit`, driver): the resume
+  frontier goes to the consumer group ``group_id``; advisory.
+
+:class:`KafkaSource` (:mod:`~sources.kafka.source`) wires them into the source protocol.
+
+Known limits: reads are ``read_uncommitted`` (``isolation_level`` is reserved: the probe's high
+watermark is not the last stable offset), so records of aborted transactions are ingested;
+``start="latest"`` and ``{"timestamp": ms}`` are resolved by each source instance when it first
+needs them (pass explicit offsets for a start that must survive a restart before the first batch
+binds). On Tansu, ``offsets_for_times`` always answers offset 0, so a timestamp start reads from
+the beginning there.
+"""
+
+from sources.kafka.clients import SourceTimeout
+from sources.kafka.config import METADATA_COLUMNS, KafkaRoute, output_name_for
+from sources.kafka.reader import OFFSET_LOST as OFFSET_LOST
+from sources.kafka.reader import _Buffer as _Buffer
+from sources.kafka.source import KafkaSource
+from sources.kafka.splits import KafkaSplit
+
+__all__ = [
+    "METADATA_COLUMNS",
+    "KafkaRoute",
+    "KafkaSource",
+    "KafkaSplit",
+    "SourceTimeout",
+    "output_name_for",
+]

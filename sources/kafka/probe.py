@@ -1,0 +1,259 @@
+"""Probe of the Kafka source (driver): which partitions exist, where each one ends, and where a
+partition that was never read starts.
+
+The true end of a partition is the *high watermark carried by a Fetch response*, read with
+``consumer.highwater(tp)`` after a poll. Never ``end_offsets()``: ``ListOffsets(LATEST)`` is
+wrong on the Tansu test broker (it answers the last batch's base offset + 1). Every probe uses a
+fresh consumer (see :mod:`sources.kafka.clients`), seeks each partition to its last known end
+and polls until every partition has answered.
+
+Invariants of :meth:`Prober.upper`:
+
+* the frontier it reports is the join of everything learned, so it never regresses;
+* topics matching ``pattern`` and partitions added while running join as soon as metadata shows
+  them, with their whole high watermark: data a partition already holds binds at one time;
+* a high watermark that goes back (topic deleted and re-created, unclean leader election), once
+  confirmed by a second fresh consumer, is a :class:`~reclock.errors.DefiniteSourceError`, and so
+  is a listed topic that disappears.
+
+Start positions (``earliest``, ``latest``, explicit offsets, a timestamp) apply only to a
+partition the lower frontier has never advanced. ``latest`` is the first probe's answer and a
+timestamp is looked up once per partition, both per source instance.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from reclock.errors import DefiniteSourceError, describe
+from reclock.time import Frontier
+from sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
+from sources.kafka.config import Routing
+
+__all__ = ["Prober", "low_watermarks"]
+
+log = logging.getLogger(__name__)
+
+#: Longest a probe waits for the partitions' fetch answers (those that answered are reported).
+_PROBE_WAIT_S = 5.0
+
+
+def low_watermarks(
+    client: Any, partitions: Sequence[tuple[str, int]], clients: KafkaClients
+) -> dict[tuple[str, int], int]:
+    """First offset still held by the broker per partition (``beginning_offsets``), asked with
+    ``client``. Raises :class:`SourceTimeout` when the broker does not answer."""
+    from kafka import TopicPartition
+
+    if not partitions:
+        return {}
+    try:
+        tps = [TopicPartition(t, p) for t, p in partitions]
+        lows = client.beginning_offsets(tps, timeout_ms=int(clients.read_timeout_s * 1000))
+    except Exception as exc:
+        if is_transient(exc):
+            raise SourceTimeout(f"kafka low watermarks: {describe(exc)} ({clients.where()})") from exc
+        raise
+    return {(tp.topic, tp.partition): int(o) for tp, o in lows.items() if o is not None}
+
+
+class Prober:
+    """What the driver has learned about the source's partitions, and the probe that learns it.
+
+    ``start`` is the source's checked ``start`` option. Lives on the driver; pickled with the
+    source, it carries what it learned but no client.
+    """
+
+    def __init__(self, clients: KafkaClients, routing: Routing, start: str | dict[Any, int]) -> None:
+        self._clients = clients
+        self._routing = routing
+        self._start = start
+        self._known: dict[tuple[str, int], int] = {}
+        self._seen_topics: set[str] = set()
+        self._latest_start: dict[tuple[str, int], int] | None = None
+        self._timestamp_start: dict[tuple[str, int], int] = {}
+        self._unrouted_warned: set[str] = set()
+
+    def upper(self) -> Frontier:
+        """The high watermark of every partition of every routed topic, joined with all earlier
+        probes. Raises :class:`SourceTimeout` if the broker does not answer,
+        :class:`DefiniteSourceError` if a partition's end went back or a listed topic was deleted."""
+        from kafka import TopicPartition
+
+        clients = self._clients
+        consumer = clients.for_probe()
+        try:
+            # Step 1: discover. A topic (or partition) that appears joins the frontier now.
+            partitions = self._discover(consumer)
+            tps = [TopicPartition(t, p) for t, p in partitions]
+            # Step 2: probe the fetch-response high watermark of each partition.
+            learned = self._probe(consumer, tps)
+            regressed = [tp for tp, hw in learned.items() if hw < self._known.get(tp, 0)]
+            if regressed:  # confirm with a second probe (a fresh consumer) before calling it definite
+                again = clients.for_probe()
+                try:
+                    learned.update(self._probe(again, [TopicPartition(t, p) for t, p in regressed]))
+                finally:
+                    close_client(again)
+                regressed = [tp for tp in regressed if learned[tp] < self._known.get(tp, 0)]
+            if regressed:
+                t, p = regressed[0]
+                raise DefiniteSourceError(
+                    f"kafka partition {t}[{p}]: high watermark went back from {self._known[(t, p)]} to "
+                    f"{learned[(t, p)]} (topic deleted and re-created, or records lost on the broker)"
+                )
+            if tps and not learned:
+                raise SourceTimeout(
+                    f"kafka probe: none of {len(tps)} partitions answered a fetch within "
+                    f"{min(clients.read_timeout_s, _PROBE_WAIT_S)}s ({clients.where()})"
+                )
+        except (SourceTimeout, DefiniteSourceError):
+            clients.drop_probe()
+            raise
+        except Exception as exc:
+            clients.drop_probe()
+            if is_transient(exc):
+                raise SourceTimeout(f"kafka probe failed: {describe(exc)} ({clients.where()})") from exc
+            raise
+        finally:
+            close_client(consumer)
+        # Step 3: join into what we knew; the first probe also fixes start="latest".
+        for key, hw in learned.items():
+            if hw > self._known.get(key, 0):
+                self._known[key] = hw
+        if self._latest_start is None:
+            self._latest_start = dict(learned)
+        return Frontier({key: hw for key, hw in self._known.items() if hw > 0})
+
+    def low_watermarks(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """:func:`low_watermarks` asked with the long-lived probe client (dropped on failure)."""
+        if not partitions:
+            return {}
+        client = self._clients.probe()
+        try:
+            return low_watermarks(client, partitions, self._clients)
+        except Exception:
+            self._clients.drop_probe()
+            raise
+
+    def start_positions(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], tuple[int, bool]]:
+        """``partition -> (start offset, explicit)`` for partitions the lower never advanced.
+
+        Only explicit offsets may fall below the low watermark and report a loss; a missing
+        partition starts at its low watermark (``earliest``)."""
+        start = self._start
+        if start == "earliest":
+            return {}
+        if start == "latest":
+            if self._latest_start is None:
+                self.upper()  # the first probe fixes "latest"
+            latest = self._latest_start or {}
+            return {p: (latest.get(p, 0), False) for p in partitions}
+        assert isinstance(start, dict)
+        if "timestamp" in start:
+            return {p: (o, False) for p, o in self._timestamp_offsets(partitions, start["timestamp"]).items()}
+        return {p: (start[p], True) for p in partitions if p in start}
+
+    def _timestamp_offsets(self, partitions: Sequence[tuple[str, int]], ts: int) -> dict[tuple[str, int], int]:
+        from kafka import TopicPartition
+
+        todo = [p for p in partitions if p not in self._timestamp_start]
+        if todo:
+            consumer = self._clients.probe()
+            try:
+                found = consumer.offsets_for_times(
+                    {TopicPartition(t, p): ts for t, p in todo}, timeout_ms=int(self._clients.read_timeout_s * 1000)
+                )
+            except Exception as exc:
+                self._clients.drop_probe()
+                if is_transient(exc):
+                    raise SourceTimeout(f"kafka offsets_for_times: {describe(exc)} ({self._clients.where()})") from exc
+                raise
+            for tp, hit in found.items():
+                key = (tp.topic, tp.partition)
+                # No record at or after ts: start at the end known now.
+                self._timestamp_start[key] = hit.offset if hit is not None else self._known.get(key, 0)
+        return {p: self._timestamp_start[p] for p in partitions if p in self._timestamp_start}
+
+    def _discover(self, consumer: Any) -> list[tuple[str, int]]:
+        # Always a metadata round trip. kafka-python gives it no timeout, and a metadata refresh
+        # that cannot reach a node retries until one answers, so bound the wait here.
+        routing = self._routing
+        topics = bounded(
+            consumer.topics, self._clients.read_timeout_s, f"kafka metadata request ({self._clients.where()})"
+        )
+        partitions: list[tuple[str, int]] = []
+        present = set()
+        for topic in sorted(topics):
+            if not routing.selected(topic):
+                continue
+            if routing.route(topic) is None:
+                if topic not in self._unrouted_warned:
+                    self._unrouted_warned.add(topic)
+                    log.warning("kafka topic %r matches the pattern but no output; ignored", topic)
+                continue
+            present.add(topic)
+            for p in sorted(consumer.partitions_for_topic(topic) or ()):
+                partitions.append((topic, p))
+        missing = [t for t in routing.topics if t not in present]
+        gone = [t for t in missing if t in self._seen_topics]
+        if gone:
+            raise DefiniteSourceError(f"kafka topic {gone[0]!r} was deleted while the source reads it")
+        for topic in missing:
+            if topic not in self._unrouted_warned:
+                self._unrouted_warned.add(topic)
+                log.warning("kafka topic %r does not exist (yet); waiting for it", topic)
+        for topic in present - self._seen_topics:
+            log.info("kafka source discovered topic %r", topic)
+        self._seen_topics |= present
+        return partitions
+
+    def _probe(self, consumer: Any, tps: list[Any]) -> dict[tuple[str, int], int]:
+        """Fetch-response high watermark per partition (those that answered in time).
+
+        Each partition is fetched from its last known end, or for a partition seen for the first
+        time from ``end_offsets() - 1``: only a *hint* that keeps the fetch small (Tansu answers
+        the last batch's base offset + 1, Kafka the true end); the answer is the high watermark
+        the fetch response carries. A partition that answered is seeked to that high watermark,
+        so the records its fetch returned are dropped unparsed and the next poll moves on to the
+        other partitions.
+
+        ``consumer`` must be fresh (see the module docstring), and this must never ``pause()`` a
+        partition: kafka-python 3.0 parks the buffered fetch of a paused partition and, once another
+        partition's drained fetch sits in line, never releases it, so the parked partition is never
+        fetched again and the probe waits out its deadline.
+        """
+        if not tps:
+            return {}
+        consumer.assign(tps)
+        new = [tp for tp in tps if (tp.topic, tp.partition) not in self._known]
+        hints: dict[Any, int] = {}
+        if new:
+            try:
+                timeout_ms = int(self._clients.read_timeout_s * 1000)
+                hints = {tp: o for tp, o in consumer.end_offsets(new, timeout_ms=timeout_ms).items() if o}
+            except Exception as exc:  # only a hint: fetch from the start instead
+                log.debug("kafka end_offsets hint failed: %s", describe(exc))
+        for tp in tps:
+            known = self._known.get((tp.topic, tp.partition))
+            consumer.seek(tp, known if known is not None else max(0, hints.get(tp, 0) - 1))
+        # A partition whose leader does not answer keeps its last known end for this probe.
+        deadline = time.monotonic() + min(self._clients.read_timeout_s, _PROBE_WAIT_S)
+        pending = list(tps)
+        try:
+            while pending and time.monotonic() < deadline:
+                consumer.poll(timeout_ms=10, max_records=1)
+                still = []
+                for tp in pending:
+                    hw = consumer.highwater(tp)
+                    if hw is None:
+                        still.append(tp)
+                    else:
+                        consumer.seek(tp, hw)  # the rest of its fetch is dropped unparsed
+                pending = still
+            return {(tp.topic, tp.partition): hw for tp in tps if (hw := consumer.highwater(tp)) is not None}
+        finally:
+            consumer.unsubscribe()  # no fetches between probes

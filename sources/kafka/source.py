@@ -1,0 +1,222 @@
+"""The Kafka source itself: :class:`KafkaSource` checks its options and wires the stages into
+the :class:`~sources.base.Source` protocol.
+
+Each method of the protocol is one stage in its own module: ``upper`` is the probe
+(:mod:`sources.kafka.probe`), ``splits`` the cut (:mod:`sources.kafka.splits`), ``read`` the
+reader (:mod:`sources.kafka.reader`), ``commit`` the committer (:mod:`sources.kafka.committer`).
+The source owns their shared parts: the routing (:mod:`sources.kafka.config`), the clients
+(:mod:`sources.kafka.clients`) and the prober's driver-side state. It pickles without clients, so
+it can travel to Spark executors, where only :meth:`KafkaSource.read` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from reclock.errors import ConfigError
+from reclock.time import Frontier, Partition
+from sources.base import Output, SourceBase, Split
+from sources.kafka.clients import KafkaClients, check_client_settings
+from sources.kafka.committer import commit_offsets
+from sources.kafka.config import (
+    POLICIES,
+    KafkaRoute,
+    Policy,
+    Routing,
+    build_routes,
+    check_bootstrap,
+    check_choice,
+    check_selection,
+    check_start,
+)
+from sources.kafka.probe import Prober
+from sources.kafka.reader import _Buffer, read_split, shape
+from sources.kafka.splits import KafkaSplit, cut
+
+__all__ = ["KafkaSource"]
+
+
+class KafkaSource(SourceBase):
+    """Kafka topics as a reclock source; see :mod:`sources.kafka` for the contract.
+
+    Topic selection: ``topics`` (a list) or ``pattern`` (a regex matched against whole topic
+    names; internal ``__*`` topics are excluded). Outputs: ``outputs`` maps an output name to its
+    options ``{"topics": [...] | "pattern": "...", "format": ..., "schema": ..., "metadata": ...,
+    "key": [...], "envelope": ...}``; without it, each listed topic gets an output named after it
+    (:func:`output_name_for`), and a ``pattern`` source gets one output named after the pattern.
+    The format options given to the constructor (``format``, ``schema``, ``delimiter``,
+    ``quote_char``, ``avro_schema``, ``confluent``, ``metadata``, ``key_format``) are the defaults
+    every output inherits. ``metadata`` names record metadata to add as columns: a list of
+    ``key``, ``headers``, ``topic``, ``partition``, ``offset``, ``timestamp``, or a mapping from
+    those to column names.
+    """
+
+    #: Rows per Arrow batch that :meth:`read` yields (bounded memory per task).
+    flush_rows: int = 50_000
+
+    def __init__(
+        self,
+        bootstrap_servers: str | Sequence[str],
+        *,
+        topics: Sequence[str] | None = None,
+        pattern: str | None = None,
+        outputs: Mapping[str, Mapping[str, Any]] | None = None,
+        format: str = "bytes",
+        schema: pa.Schema | None = None,
+        delimiter: str = ",",
+        quote_char: str = '"',
+        avro_schema: str | Mapping[str, Any] | None = None,
+        confluent: bool = False,
+        metadata: Sequence[str] | Mapping[str, str] = (),
+        key_format: str = "bytes",
+        start: str | Mapping[Any, int] = "earliest",
+        on_record_error: Policy = "skip",
+        on_offset_lost: Policy = "fail",
+        group_id: str | None = None,
+        client_settings: Mapping[str, Any] | None = None,
+        max_split_offsets: int = 1_000_000,
+        read_timeout_s: float = 30.0,
+    ) -> None:
+        servers = check_bootstrap(bootstrap_servers)
+        selected_topics, selected_pattern = check_selection(topics, pattern)
+        self.on_record_error: Policy = check_choice("on_record_error", on_record_error, POLICIES)  # type: ignore[assignment]
+        self.on_offset_lost: Policy = check_choice("on_offset_lost", on_offset_lost, POLICIES)  # type: ignore[assignment]
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ConfigError("group_id", "must be a non-empty string or None")
+        self.group_id = group_id
+        settings = check_client_settings(client_settings)
+        if not isinstance(max_split_offsets, int) or isinstance(max_split_offsets, bool) or max_split_offsets < 1:
+            raise ConfigError("max_split_offsets", f"must be an int >= 1, got {max_split_offsets!r}")
+        self.max_split_offsets = max_split_offsets
+        if not isinstance(read_timeout_s, (int, float)) or isinstance(read_timeout_s, bool) or read_timeout_s <= 0:
+            raise ConfigError("read_timeout_s", f"must be a number > 0, got {read_timeout_s!r}")
+        defaults = {
+            "format": format,
+            "schema": schema,
+            "delimiter": delimiter,
+            "quote_char": quote_char,
+            "avro_schema": avro_schema,
+            "confluent": confluent,
+            "metadata": metadata,
+            "key_format": key_format,
+        }
+        routes = build_routes(selected_topics, selected_pattern, outputs, defaults)
+        self.start = check_start(start)
+        self._routing = Routing(selected_topics, selected_pattern, routes)
+        self._clients = KafkaClients(servers, settings, float(read_timeout_s))
+        self._prober = Prober(self._clients, self._routing, self.start)
+
+    @property
+    def bootstrap_servers(self) -> str | list[str]:
+        return self._clients.bootstrap_servers
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """The listed topics; empty when the source selects topics by :attr:`pattern`."""
+        return self._routing.topics
+
+    @property
+    def pattern(self) -> str | None:
+        return self._routing.pattern
+
+    @property
+    def read_timeout_s(self) -> float:
+        return self._clients.read_timeout_s
+
+    # -- the Source protocol --------------------------------------------------------------------
+
+    def outputs(self) -> Sequence[Output]:
+        return [route.output for route in self._routing.routes]
+
+    def upper(self) -> Frontier:
+        """Probe: the high watermark of every partition of every routed topic, joined with all
+        earlier probes (never regresses). Raises :class:`SourceTimeout` if the broker does not
+        answer, :class:`DefiniteSourceError` if a partition's end went back or a listed topic was
+        deleted."""
+        return self._prober.upper()
+
+    def splits(self, lower: Frontier, upper: Frontier) -> Sequence[KafkaSplit]:
+        """Splits of ``[max(lower, start position), upper)`` per partition of this source.
+
+        The start position applies only where ``lower`` has never advanced (offset 0). An offset
+        below the partition's low watermark is lost: :class:`DefiniteSourceError` with
+        ``on_offset_lost="fail"``, else the split carries the lost range in ``lost_from``.
+        """
+        if upper.is_closed:
+            raise ValueError("a Kafka source never closes; splits need a finite upper")
+        todo = sorted(
+            ((p, lower.offset(p), end) for p, end in upper.items() if end > lower.offset(p) and self._owns(p)),
+            key=lambda item: (item[0][0], item[0][1]),
+        )
+        if not todo:
+            return []
+        fresh = [p for p, begin, _ in todo if begin == 0]
+        starts = self._prober.start_positions(fresh) if fresh else {}
+        lows = self._low_watermarks([p for p, _, _ in todo])
+        return cut(todo, starts, lows, on_offset_lost=self.on_offset_lost, max_split_offsets=self.max_split_offsets)
+
+    def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Yield the records of ``split`` (exactly ``[start, end)``) as ``(output, batch)`` pairs.
+
+        Runs on an executor in a fresh consumer; replayable. Raises :class:`SourceTimeout` when
+        the broker makes no progress for ``read_timeout_s``.
+        """
+        yield from read_split(
+            split,
+            self._routing,
+            self._clients,
+            flush_rows=self.flush_rows,
+            on_offset_lost=self.on_offset_lost,
+            on_record_error=self.on_record_error,
+        )
+
+    def commit(self, frontier: Frontier) -> None:
+        """Commit the frontier's offsets of this source's partitions to ``group_id`` (offset =
+        next to read). Advisory: logs a warning on failure, never raises."""
+        commit_offsets(self._clients, self.group_id, frontier, self._owns)
+
+    def close(self) -> None:
+        """Close the driver-side clients (the probe and the committer)."""
+        self._clients.close()
+
+    def __repr__(self) -> str:
+        selection = f"topics={list(self.topics)!r}" if self.topics else f"pattern={self.pattern!r}"
+        settings = "<redacted>" if self._clients.settings else "{}"
+        return (
+            f"KafkaSource(bootstrap_servers={self.bootstrap_servers!r}, {selection}, "
+            f"outputs={[r.name for r in self._routing.routes]!r}, start={self._start_repr()}, "
+            f"group_id={self.group_id!r}, client_settings={settings})"
+        )
+
+    # -- internals (the tests also drive the stages through them) ------------------------------
+
+    @property
+    def _probe_client(self) -> Any:
+        return self._clients.probe_client
+
+    @property
+    def _commit_client(self) -> Any:
+        return self._clients.commit_client
+
+    def _route(self, topic: str) -> KafkaRoute | None:
+        return self._routing.route(topic)
+
+    def _owns(self, partition: Partition) -> bool:
+        return self._routing.owns(partition)
+
+    def _low_watermarks(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        return self._prober.low_watermarks(partitions)
+
+    def _shape(self, buf: _Buffer, encoded: str, topic: str, kpart: int) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """:func:`~sources.kafka.reader.shape` with this source's ``on_record_error``."""
+        return shape(buf, encoded, topic, kpart, fail=self.on_record_error == "fail")
+
+    def _start_repr(self) -> str:
+        if isinstance(self.start, str):
+            return repr(self.start)
+        if "timestamp" in self.start:
+            return repr({"timestamp": self.start["timestamp"]})
+        return f"<{len(self.start)} partition offsets>"
