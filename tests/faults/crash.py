@@ -116,6 +116,7 @@ class Report:
     acked_ends: dict[str, int] = field(default_factory=dict)
     files_unlisted: list[str] = field(default_factory=list)
     checkpoints_checked: int = 0
+    compacted_since: dict[str, int | None] = field(default_factory=dict)
     anomalies: list[str] = field(default_factory=list)
     elapsed_s: float = 0.0
 
@@ -149,6 +150,7 @@ class Report:
             f"group final == acked ends  {self.group_final == self.acked_ends}",
             f"files missing from `reclock files`  {len(self.files_unlisted)} of {self.files_dropped}",
             f"checkpoints cross-checked  {self.checkpoints_checked}",
+            f"remap compacted (since)    {self.compacted_since}",
             f"jobs that died on their own  {len(self.anomalies)}",
             f"elapsed                    {self.elapsed_s:.0f} s",
         ]
@@ -494,6 +496,7 @@ def _check_appended(report: Report, output: str, rows: list[dict], expected: dic
 
 def _verify_streams(lake: Path, feed: KafkaFeed, report: Report) -> None:
     remap = Remap.read(lake / STREAMS / "remap")
+    report.compacted_since[STREAMS] = remap.since
     events = _table(lake, STREAMS, EVENTS)
     expected = {}
     for a in feed.acked:
@@ -527,6 +530,7 @@ def _verify_streams(lake: Path, feed: KafkaFeed, report: Report) -> None:
 
 def _verify_drops(lake: Path, feed: FileFeed, report: Report) -> None:
     remap = Remap.read(lake / DROPS / "remap")
+    report.compacted_since[DROPS] = remap.since
     rows = _table(lake, DROPS, "rows")
     expected = {
         (partition_id(name, 0), offset): {"id": i, "name": label}
