@@ -1,18 +1,47 @@
 """reclock: exactly-once ingestion into Delta tables, every record stamped on one shared timeline.
 
 Importing the package loads only the pure time model (no Spark, Delta or Kafka), so source authors
-and tests can use :class:`Frontier` and :class:`Bindings` anywhere.
+and tests can use :class:`Frontier` and :class:`Bindings` anywhere. The rest of the public surface
+(a pipeline, the source protocol and its helpers, as-of reads) is importable from here too, and
+loaded on first use::
+
+    from reclock import Pipeline, Settings, SourceBase, Output, Split, read_as_of, readable_upper
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from reclock.bindings import Bindings
-from reclock.errors import ConfigError, DefiniteSourceError, FencedError, ReclockError, TransientError
+from reclock.errors import ConfigError, ContractError, DefiniteSourceError, FencedError, ReclockError, TransientError
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import Frontier, decode_partition, encode_partition
+
+#: Public names whose modules load Delta, Spark or pyarrow: imported when first asked for.
+_LAZY = {
+    "Pipeline": "reclock.pipeline",
+    "BatchReport": "reclock.pipeline",
+    "Settings": "reclock.settings",
+    "Maintenance": "reclock.settings",
+    "LocalDataPlane": "reclock.dataplane",
+    "SparkDataPlane": "reclock.dataplane",
+    "Source": "sources.base",
+    "SourceBase": "sources.base",
+    "Output": "sources.base",
+    "Split": "sources.base",
+    "error_batch": "sources.base",
+    "read_as_of": "persist.asof",
+    "read_as_of_spark": "persist.asof",
+    "readable_upper": "persist.asof",
+    "Lake": "persist.lake",
+}
 
 __all__ = [
     "UNBOUND",
     "Bindings",
     "ConfigError",
+    "ContractError",
     "DefiniteSourceError",
     "FencedError",
     "Frontier",
@@ -21,4 +50,14 @@ __all__ = [
     "TransientError",
     "decode_partition",
     "encode_partition",
+    *_LAZY,
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reclock' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
