@@ -574,7 +574,7 @@ _BUCKETS = (
     ),
     ("kafka-python: record parsing", ("kafka/record/", "fetcher.py")),
     ("kafka-python: other", ("kafka/", "<codegen_decode")),
-    ("JSON decode (sources/decode.py, pyarrow.json)", ("sources/decode.py", "pyarrow/json")),
+    ("JSON decode (sources/decode/, pyarrow.json)", ("sources/decode/", "pyarrow/json")),
     ("parquet write + stats (persist/sink.py)", ("persist/sink.py", "pyarrow/parquet")),
     ("stamping (reclock/stamp.py)", ("reclock/stamp.py",)),
     ("reclock data plane (reclock/dataplane.py)", ("reclock/dataplane.py",)),

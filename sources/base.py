@@ -43,6 +43,7 @@ __all__ = [
     "ERRORS",
     "ERRORS_SCHEMA",
     "LINEAGE_FIELDS",
+    "MAX_MESSAGE",
     "Envelope",
     "Output",
     "RecordError",
@@ -50,6 +51,7 @@ __all__ = [
     "SourceBase",
     "Split",
     "cap_frontier",
+    "clip_message",
     "debezium_schema",
     "error_batch",
 ]
@@ -61,6 +63,9 @@ ERRORS = "_errors"
 
 #: Columns every batch from :meth:`Source.read` carries besides the output's own.
 LINEAGE_FIELDS = (pa.field("_partition", pa.string(), nullable=False), pa.field("_offset", pa.int64(), nullable=False))
+
+#: Longest ``message`` a reader writes to :data:`ERRORS`: a problem quoting a huge value stays readable.
+MAX_MESSAGE = 500
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -181,16 +186,23 @@ def debezium_schema(own: pa.Schema) -> pa.Schema:
 
 
 def error_batch(
-    partition: str,
+    partition: str | pa.Array,
     offsets: Sequence[Offset],
     kinds: Sequence[str],
     messages: Sequence[str],
     raws: Sequence[bytes | None],
 ) -> pa.RecordBatch:
-    """Build a batch for :data:`ERRORS` (``partition`` already encoded)."""
+    """The one builder of :data:`ERRORS` rows: lineage, then ``kind``, ``message`` and ``raw``.
+
+    ``partition`` is already encoded: one string for every row (a reader's split), or a string
+    array with one per row. Every record a reader rejects becomes such a row, at its own
+    coordinates, so it is counted exactly once and never silently lost.
+    """
+    n = len(offsets)
+    partitions = pa.array([partition] * n, pa.string()) if isinstance(partition, str) else partition
     return pa.RecordBatch.from_arrays(
         [
-            pa.array([partition] * len(offsets), pa.string()),
+            partitions,
             pa.array(offsets, pa.int64()),
             pa.array(kinds, pa.string()),
             pa.array(messages, pa.string()),
@@ -198,3 +210,8 @@ def error_batch(
         ],
         schema=pa.schema([*LINEAGE_FIELDS, *ERRORS_SCHEMA]),
     )
+
+
+def clip_message(message: str) -> str:
+    """``message`` cut to :data:`MAX_MESSAGE` characters (ending in ``...`` when cut)."""
+    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sources.files as files
+import sources.files.reader as files
 from reclock.errors import ConfigError
 from reclock.time import Frontier
 from sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Source, Split

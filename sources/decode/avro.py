@@ -1,0 +1,213 @@
+"""Avro: schemaless datums decoded with fastavro, and the Arrow schema an Avro schema maps to.
+
+A value is one schemaless Avro datum, optionally in Confluent framing (magic byte ``0`` and a
+4-byte schema id, stripped, never looked up). A record schema maps to one column per field, any
+other schema to one ``value`` column. Every column is nullable, so a tombstone decodes to a row of
+nulls. Unions are supported only as ``["null", T]``; logical types map as Spark's Avro reader maps
+them, except that Delta has no time-of-day type (see :data:`_AVRO_RAW_LOGICAL`). A datum is bad
+when fastavro cannot read it, when bytes follow it, or when it does not fit the Arrow schema.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from reclock.errors import ConfigError
+from sources.base import clip_message
+from sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, empty_batch
+
+__all__ = ["avro_json", "avro_to_arrow_schema", "decode_avro", "reading_schema"]
+
+_CONFLUENT_HEADER = 5
+
+
+def avro_to_arrow_schema(avro_schema: str | Mapping[str, Any], *, field: str = "avro_schema") -> pa.Schema:
+    """The Arrow schema for an Avro schema: a record's fields, or one ``value`` column otherwise.
+
+    Unions are supported only as ``["null", T]`` (a nullable ``T``).
+    """
+    parsed = avro_json(avro_schema)
+    named: dict[str, Any] = {}
+    if isinstance(parsed, Mapping) and parsed.get("type") == "record":
+        arrow = _avro_type(parsed, named, field)
+        return pa.schema(list(arrow))
+    return pa.schema([pa.field("value", _avro_type(parsed, named, field))])
+
+
+def reading_schema(avro_schema: Any) -> Any:
+    """The parsed fastavro schema datums are read with: see :data:`_AVRO_RAW_LOGICAL`."""
+    import fastavro
+
+    reading = avro_json(avro_schema)
+    for logical in _AVRO_RAW_LOGICAL:  # read as their plain Avro values: see _AVRO_LOGICAL
+        reading = _strip_logical(reading, logical)
+    return fastavro.parse_schema(reading)
+
+
+def decode_avro(
+    values: Sequence[bytes | None], parsed: Any, schema: pa.Schema, confluent: bool, errors: list[RecordFault]
+) -> Decoded:
+    """Decode ``values`` with the :func:`reading_schema` ``parsed`` into ``schema``.
+
+    Faults are appended to ``errors`` as they are found (a fail-fast list stops there).
+    """
+    import fastavro
+
+    rows: list[Any] = []
+    good: list[int] = []
+    wrap = not _is_avro_record(parsed)
+    for i, value in enumerate(values):
+        if value is None:
+            rows.append(None)
+            good.append(i)
+            continue
+        payload = value
+        if confluent:
+            if len(value) < _CONFLUENT_HEADER or value[0] != 0:
+                errors.append((i, DECODE, "invalid avro: missing Confluent framing (magic byte 0 + schema id)"))
+                continue
+            payload = value[_CONFLUENT_HEADER:]
+        fo = io.BytesIO(payload)
+        try:
+            datum = fastavro.schemaless_reader(fo, parsed, None)
+        except Exception as exc:  # fastavro raises many kinds on garbage
+            errors.append((i, DECODE, clip_message(f"invalid avro: {type(exc).__name__}: {exc}")))
+            continue
+        if fo.tell() != len(payload):
+            errors.append((i, DECODE, f"invalid avro: {len(payload) - fo.tell()} trailing bytes after the datum"))
+            continue
+        rows.append({"value": datum} if wrap else datum)
+        good.append(i)
+    if not good:
+        return Decoded(empty_batch(schema), NO_ROWS, list(errors))
+    dicts = [row if row is not None else {} for row in rows]
+    try:
+        batch = pa.RecordBatch.from_pylist(dicts, schema=schema)
+        return Decoded(batch, np.asarray(good, dtype=np.int64), list(errors))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        pass
+    # Slow path: find the rows Arrow rejects (a value outside the declared Arrow type).
+    kept: list[dict[str, Any]] = []
+    kept_idx: list[int] = []
+    for i, row in zip(good, dicts, strict=True):
+        try:
+            pa.RecordBatch.from_pylist([row], schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+            errors.append((i, DECODE, clip_message(f"avro datum does not fit the output schema: {exc}")))
+            continue
+        kept.append(row)
+        kept_idx.append(i)
+    batch = pa.RecordBatch.from_pylist(kept, schema=schema) if kept else empty_batch(schema)
+    return Decoded(batch, np.asarray(kept_idx, dtype=np.int64), sorted(errors))
+
+
+def avro_json(avro_schema: Any) -> Any:
+    """An Avro schema as JSON values, from JSON text, a type name, a dict or a list."""
+    if isinstance(avro_schema, str):
+        stripped = avro_schema.strip()
+        if stripped[:1] in ("{", "[", '"'):
+            return json.loads(stripped)
+        return stripped  # a primitive type name such as "string"
+    if isinstance(avro_schema, Mapping):
+        return dict(avro_schema)
+    if isinstance(avro_schema, list):
+        return list(avro_schema)
+    raise TypeError(f"an Avro schema is JSON text or a dict, got {type(avro_schema).__name__}")
+
+
+def _strip_logical(node: Any, logical: str) -> Any:
+    if isinstance(node, list):
+        return [_strip_logical(n, logical) for n in node]
+    if isinstance(node, Mapping):
+        return {k: _strip_logical(v, logical) for k, v in node.items() if not (k == "logicalType" and v == logical)}
+    return node
+
+
+def _is_avro_record(parsed: Any) -> bool:
+    return isinstance(parsed, Mapping) and parsed.get("type") == "record"
+
+
+_AVRO_PRIMITIVES: dict[str, pa.DataType] = {
+    "null": pa.null(),
+    "boolean": pa.bool_(),
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "bytes": pa.binary(),
+    "string": pa.string(),
+}
+
+#: Logical types whose Arrow type is their plain Avro value. Delta has no time-of-day type, so
+#: ``time-millis`` stays milliseconds after midnight (int) and ``time-micros`` microseconds (long),
+#: as Spark's Avro reader maps them; UUIDs stay plain strings.
+_AVRO_RAW_LOGICAL = ("uuid", "time-millis", "time-micros")
+
+#: Delta's widest decimal: a wider Avro decimal has no lossless column type.
+_MAX_DECIMAL_PRECISION = 38
+
+_AVRO_LOGICAL: dict[tuple[str, str], pa.DataType] = {
+    ("int", "date"): pa.date32(),
+    ("int", "time-millis"): pa.int32(),
+    ("long", "time-micros"): pa.int64(),
+    ("long", "timestamp-millis"): pa.timestamp("ms", tz="UTC"),
+    ("long", "timestamp-micros"): pa.timestamp("us", tz="UTC"),
+    ("long", "local-timestamp-millis"): pa.timestamp("ms"),
+    ("long", "local-timestamp-micros"): pa.timestamp("us"),
+    ("string", "uuid"): pa.string(),
+}
+
+
+def _avro_type(node: Any, named: dict[str, Any], field: str) -> Any:
+    """Arrow type for an Avro type node; a record returns a struct type (iterable of fields)."""
+    if isinstance(node, str):
+        if node in _AVRO_PRIMITIVES:
+            return _AVRO_PRIMITIVES[node]
+        if node in named:
+            return named[node]
+        raise ConfigError(field, f"unknown Avro type {node!r}")
+    if isinstance(node, list):
+        branches = [b for b in node if b != "null"]
+        if len(branches) == 1:
+            return _avro_type(branches[0], named, field)
+        raise ConfigError(field, f"only ['null', T] unions are supported, got {node!r}")
+    if not isinstance(node, Mapping):
+        raise ConfigError(field, f"invalid Avro type node {node!r}")
+    kind = node.get("type")
+    logical = node.get("logicalType")
+    if logical == "decimal" and kind in ("bytes", "fixed"):
+        precision, scale = int(node["precision"]), int(node.get("scale", 0))
+        if precision > _MAX_DECIMAL_PRECISION:
+            raise ConfigError(
+                field, f"Avro decimal precision {precision} exceeds Delta's maximum of {_MAX_DECIMAL_PRECISION}"
+            )
+        result: Any = pa.decimal128(precision, scale)
+    elif isinstance(kind, str) and (kind, logical) in _AVRO_LOGICAL:
+        result = _AVRO_LOGICAL[(kind, logical)]
+    elif kind == "record":
+        fields = []
+        for f in node.get("fields", []):
+            # Every column is nullable: a tombstone decodes to a row of nulls.
+            fields.append(pa.field(f["name"], _avro_type(f["type"], named, field)))
+        result = pa.struct(fields)
+    elif kind == "enum":
+        result = pa.string()
+    elif kind == "array":
+        result = pa.list_(_avro_type(node["items"], named, field))
+    elif kind == "map":
+        result = pa.map_(pa.string(), _avro_type(node["values"], named, field))
+    elif kind == "fixed":
+        result = pa.binary(int(node["size"]))
+    else:
+        result = _avro_type(kind, named, field)
+    if kind in ("record", "enum", "fixed") and "name" in node:
+        named[node["name"]] = result
+        if "namespace" in node:
+            named[f"{node['namespace']}.{node['name']}"] = result
+    return result

@@ -1,0 +1,105 @@
+"""Options of a format, checked when a pipeline is defined: the :class:`Decoder` they build.
+
+A bad option fails at definition with a :class:`~reclock.errors.ConfigError` naming the field
+(prefixed by the caller's ``field``, such as ``outputs.orders.format``), never later on a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from reclock.errors import ConfigError
+from sources.decode.avro import avro_json, avro_to_arrow_schema
+from sources.decode.formats import FORMATS, Decoder
+
+__all__ = ["as_schema", "make_decoder"]
+
+_VALUE_TEXT = pa.schema([pa.field("value", pa.string())])
+_VALUE_BYTES = pa.schema([pa.field("value", pa.binary())])
+
+
+def make_decoder(
+    format: str,
+    schema: pa.Schema | None = None,
+    *,
+    delimiter: str = ",",
+    quote_char: str = '"',
+    avro_schema: str | Mapping[str, Any] | None = None,
+    confluent: bool = False,
+    field: str = "format",
+) -> Decoder:
+    """Validate a format's options and build its :class:`Decoder`.
+
+    ``schema`` is the output's payload schema: required for ``json`` and ``csv``, fixed for
+    ``text`` (``value: string``) and ``bytes`` (``value: binary``), derived from ``avro_schema``
+    for ``avro`` when not given. ``field`` prefixes :class:`ConfigError` field names.
+    """
+    if format not in FORMATS:
+        raise ConfigError(field, f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
+    schema = as_schema(schema, field=f"{field}.schema")
+    if format in ("json", "csv"):
+        if schema is None or len(schema) == 0:
+            raise ConfigError(f"{field}.schema", f"format {format!r} needs a schema with at least one column")
+        if format == "csv":
+            for name, value in (("delimiter", delimiter), ("quote_char", quote_char)):
+                if not isinstance(value, str) or len(value) != 1 or value in "\r\n":
+                    raise ConfigError(f"{field}.{name}", f"must be one character other than a newline, got {value!r}")
+            if delimiter == quote_char:
+                raise ConfigError(f"{field}.delimiter", "must differ from quote_char")
+        return Decoder(format, schema, delimiter=delimiter, quote_char=quote_char)  # type: ignore[arg-type]
+    if format == "text":
+        _fixed(schema, _VALUE_TEXT, f"{field}.schema")
+        return Decoder("text", _VALUE_TEXT)
+    if format == "bytes":
+        _fixed(schema, _VALUE_BYTES, f"{field}.schema")
+        return Decoder("bytes", _VALUE_BYTES)
+    if avro_schema is None:
+        raise ConfigError(f"{field}.avro_schema", "format 'avro' needs an avro_schema (JSON text or a dict)")
+    try:
+        parsed = avro_json(avro_schema)
+        import fastavro
+
+        fastavro.parse_schema(parsed)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(f"{field}.avro_schema", f"invalid Avro schema: {exc}") from exc
+    except Exception as exc:  # fastavro's SchemaParseException and friends
+        raise ConfigError(f"{field}.avro_schema", f"invalid Avro schema: {exc}") from exc
+    derived = avro_to_arrow_schema(parsed, field=f"{field}.avro_schema")
+    return Decoder("avro", schema if schema is not None else derived, avro_schema=parsed, confluent=bool(confluent))
+
+
+def as_schema(schema: Any, *, field: str = "schema") -> pa.Schema | None:
+    """A :class:`pyarrow.Schema` from itself or from config text: ``{"id": "int64", "ts":
+    "timestamp[ms]"}`` or ``[["id", "int64"], ...]`` (type names are pyarrow aliases)."""
+    if schema is None or isinstance(schema, pa.Schema):
+        return schema
+    if isinstance(schema, Mapping):
+        pairs = list(schema.items())
+    elif isinstance(schema, Sequence) and not isinstance(schema, str | bytes):
+        pairs = []
+        for item in schema:
+            if not (isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 2):
+                raise ConfigError(field, f"list entries are [name, type] pairs, got {item!r}")
+            pairs.append((item[0], item[1]))
+    else:
+        raise ConfigError(field, f"must be a pyarrow.Schema or a mapping column -> type, got {type(schema).__name__}")
+    fields = []
+    for name, type_name in pairs:
+        if not isinstance(name, str) or not name:
+            raise ConfigError(field, f"column names must be non-empty strings, got {name!r}")
+        if isinstance(type_name, pa.DataType):
+            fields.append(pa.field(name, type_name))
+            continue
+        try:
+            fields.append(pa.field(name, pa.type_for_alias(str(type_name))))
+        except (ValueError, KeyError) as exc:
+            raise ConfigError(f"{field}.{name}", f"unknown type {type_name!r} (use a pyarrow alias)") from exc
+    return pa.schema(fields)
+
+
+def _fixed(schema: pa.Schema | None, expected: pa.Schema, field: str) -> None:
+    if schema is not None and not schema.equals(expected):
+        raise ConfigError(field, f"this format always produces {expected.to_string()!r}; leave schema unset")

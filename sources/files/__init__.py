@@ -1,0 +1,74 @@
+"""Files: a local directory (or glob) of CSV, JSON lines and Parquet files, one file per partition.
+
+Definitions, and why each matters to exactly-once ingestion:
+
+* **Partition.** File ``f`` is the partition ``(relative_path, generation)``: ``relative_path`` is
+  relative to the directory (or to the fixed, magic-free prefix directory of a glob) with ``/``
+  separators, ``generation`` an ``int`` that starts at 0. Dropping a file
+  (``ALTER PIPELINE ... DROP FILE``) makes the runtime bump its generation in the JSON file at
+  ``generations_path`` (``{relative_path: generation}``; missing means all 0). The file then
+  reappears as a *new* partition at offset 0 and is ingested again; the old partition stays
+  complete in every frontier, so nothing is ever read twice by accident.
+* **Offsets.** CSV and JSON lines: a record's offset is the byte position in the file where its
+  line starts (for a CSV record with quoted newlines, its first line; a UTF-8 byte order mark is
+  skipped, so a file that has one starts its first record at 3). A CSV header is not a record.
+  Parquet: the row index. A file's **upper** is its size in bytes (CSV, JSON lines) or its row
+  count from the footer (Parquet, no data read), so a file is always bound *whole*. A file with
+  upper 0 (empty) never shows in a frontier; a CSV holding only its header has upper = its size
+  and reads zero rows.
+* **What is listed.** Regular files, and links to them whose target is inside the directory
+  (``follow_links_outside`` lifts that limit). Dangling links, links out of the directory,
+  FIFOs, sockets and devices are never read, and a FIFO is never even opened, so nothing can
+  block on one; :meth:`FilesSource.listing` reports them with the reason, and empty files too.
+* **Discovery order.** Files are ordered by modification time, then relative path, then
+  generation. :meth:`FilesSource.cap` takes files in that order, so older files land first.
+* **Read-only, immutable.** Source files are opened read-only and never modified, moved or
+  deleted. A file is taken as final once listed: a file whose size grows after it was bound is
+  not read again (only a drop re-ingests it), and ``settle_seconds`` keeps files that are still
+  being written out of the listing. :meth:`FilesSource.read` of a split is a pure function of the
+  file's first ``split.end`` bytes (rows for Parquet), so a replayed batch reads the very same
+  records; a file that became shorter than that (or, for Parquet, changed its row count) cannot
+  be replayed and raises.
+
+Records: a CSV record is positional (the header line, when ``csv_header`` is set, is skipped
+without being interpreted), with RFC 4180 quoting as Python's csv reads it (doubled quotes; a
+quoted field left open runs to the end of the file) and ``\\n`` or ``\\r\\n`` line ends. A CSV
+field converts as pyarrow's cast does, after trimming surrounding whitespace unless the column
+is a ``string``; an empty field is null, except in ``string`` columns where it is ``""``
+(``bool`` takes ``true``/``false``/``1``/``0`` in any case). A JSON lines record is one object
+per line, typed by pyarrow's JSON reader (an ``int64`` column rejects ``1.5`` and ``"1"``);
+unknown fields are ignored, missing ones are null. Text for a ``timestamp`` is ISO 8601 (a zone
+offset converts to UTC, none means UTC), for a ``date`` ``YYYY-MM-DD``. Blank lines (and
+whitespace-only JSON lines) are not records.
+
+A record that fails to parse or convert goes to :data:`~sources.base.ERRORS` (kind ``parse``, or
+``convert`` for a Parquet value that does not fit its column) with its byte offset or row index,
+its 1-based line number (row index for Parquet) in the message, and its raw bytes (at most
+1 MiB); with ``on_record_error="fail"`` the first one raises :class:`~sources.base.RecordError`
+instead. A file that cannot be read at all (corrupt Parquet, permissions, a CSV record over
+64 MiB) raises a plain exception: the runtime retries, then skips the file or stops the batch. A
+Parquet file whose footer cannot be read is listed with upper 1, so that it reaches
+:meth:`FilesSource.read` and fails there, visibly.
+
+The stages, one module each:
+
+* :mod:`~sources.files.config`: the options, checked at definition; formats and column types.
+* :mod:`~sources.files.listing`: which files are read and which not, and the generations file.
+* :mod:`~sources.files.probe`: the probe (uppers) and the cap (which new files the next batch binds).
+* :mod:`~sources.files.source`: :class:`FilesSource`, the driver's side, one split per file.
+* :mod:`~sources.files.reader`: a split read in a Spark task, into output and ``_errors`` batches.
+* :mod:`~sources.files.blocks`: bytes cut into records, following CSV quoting, in bounded memory.
+* :mod:`~sources.files.parse`: records parsed in bulk; bad ones isolated by the decoding engine
+  (:mod:`sources.decode.isolate`).
+* :mod:`~sources.files.convert`: values converted to the declared column types.
+* :mod:`~sources.files.parquet`: footers, the first file's schema, rows cast to the columns.
+
+Out of scope for now: row-range splitting of large files (one split reads one whole file),
+compressed files, object stores.
+"""
+
+from sources.files.listing import ListedFile
+from sources.files.reader import CONVERT, PARSE, FileSplit
+from sources.files.source import FilesSource
+
+__all__ = ["CONVERT", "PARSE", "FileSplit", "FilesSource", "ListedFile"]

@@ -1,0 +1,292 @@
+"""The files source: the driver's side of a directory of files, and the contract it keeps.
+
+:class:`FilesSource` validates its options (:mod:`~sources.files.config`), lists the directory
+(:mod:`~sources.files.listing`), probes and caps (:mod:`~sources.files.probe`), cuts one split
+per file, and hands each split to a :class:`~sources.files.reader.FileReader` in a Spark task.
+The definitions it keeps are in :mod:`sources.files`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from reclock.errors import ConfigError
+from reclock.time import Frontier, Partition
+from sources.base import ERRORS, Output, SourceBase, Split
+from sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns, check_path
+from sources.files.listing import (
+    Listed,
+    ListedFile,
+    absolute,
+    format_of,
+    read_generations,
+    scan,
+    unpack,
+)
+from sources.files.parquet import first_schema
+from sources.files.probe import Probe, settling
+from sources.files.reader import FileReader, FileSplit
+
+__all__ = ["FilesSource"]
+
+
+def _wall_clock_ms() -> int:
+    """The default clock: wall time in ms since the epoch (only the driver's ``upper`` reads it)."""
+    return int(time.time() * 1000)
+
+
+class FilesSource(SourceBase):
+    """Files under a directory or matching a glob, landed whole, exactly once per generation.
+
+    A plain, picklable value: :meth:`read` needs nothing but the source's settings and the split,
+    so a Spark task can read any file the driver bound. The clock and the probe's caches stay on
+    the driver.
+    """
+
+    #: A file deleted, archived or dropped leaves the probe; that is not a recreated source.
+    forgets_partitions = True
+    #: Partitions are ``(path, generation)``: the runtime keeps the ``files`` status table for them.
+    is_file_source = True
+
+    def __init__(
+        self,
+        *,
+        path: str | os.PathLike[str],
+        format: str | None = None,
+        output: str = "rows",
+        columns: Mapping[str, str] | None = None,
+        csv_header: bool = True,
+        csv_delimiter: str = ",",
+        csv_quote: str = '"',
+        on_record_error: str = "skip",
+        max_files_per_batch: int = 100,
+        settle_seconds: float = 0.0,
+        generations_path: str | os.PathLike[str] | None = None,
+        follow_links_outside: bool = False,
+        now: Callable[[], int] | None = None,
+    ) -> None:
+        """Validate every setting eagerly, so a bad pipeline fails at definition, naming the field.
+
+        ``path`` is a directory (searched recursively) or a glob (``**`` allowed); hidden files
+        and directories (names starting with ``.``) are never listed. Without ``format`` each
+        file's format follows its extension (``.csv``; ``.jsonl``, ``.json``, ``.ndjson``;
+        ``.parquet``, case-insensitive) and other files are ignored; with it, every listed file
+        is read in that format. ``columns`` maps column names to type names (see
+        :data:`~sources.files.config.COLUMN_TYPES`); only ``format="parquet"`` may leave it out, and then the schema is
+        read from the first Parquet file (in discovery order) now. A symbolic link is followed
+        when its target is inside the directory (or ``follow_links_outside`` is set); otherwise
+        the file is listed as ignored (see :meth:`listing`), never read.
+        """
+        self.root, self.pattern = check_path(path)
+        if format is not None and format not in FORMATS:
+            raise ConfigError("format", f"must be one of {', '.join(FORMATS)} (or unset to infer it), got {format!r}")
+        self.format: FileFormat | None = format  # type: ignore[assignment]
+        if not isinstance(output, str) or not output or output == ERRORS:
+            raise ConfigError("output", f"must be a non-empty name other than {ERRORS!r}, got {output!r}")
+        self.output = output
+        if not isinstance(csv_header, bool):
+            raise ConfigError("csv_header", f"must be true or false, got {csv_header!r}")
+        self.csv_header = csv_header
+        self.csv_delimiter = check_char("csv_delimiter", csv_delimiter)
+        self.csv_quote = check_char("csv_quote", csv_quote)
+        if self.csv_delimiter == self.csv_quote:
+            raise ConfigError("csv_delimiter", f"must differ from csv_quote ({csv_quote!r})")
+        if on_record_error not in POLICIES:
+            raise ConfigError("on_record_error", f"must be one of {', '.join(POLICIES)}, got {on_record_error!r}")
+        self.on_record_error = on_record_error
+        if not isinstance(max_files_per_batch, int) or isinstance(max_files_per_batch, bool) or max_files_per_batch < 1:
+            raise ConfigError("max_files_per_batch", f"must be an integer >= 1, got {max_files_per_batch!r}")
+        self.max_files_per_batch = max_files_per_batch
+        if (
+            isinstance(settle_seconds, bool)
+            or not isinstance(settle_seconds, (int, float))
+            or not math.isfinite(settle_seconds)
+            or settle_seconds < 0
+        ):
+            raise ConfigError("settle_seconds", f"must be a finite number of seconds >= 0, got {settle_seconds!r}")
+        self.settle_seconds = float(settle_seconds)
+        if generations_path is not None and not isinstance(generations_path, (str, os.PathLike)):
+            raise ConfigError("generations_path", f"must be a file path or unset, got {generations_path!r}")
+        self.generations_path = None if generations_path is None else os.path.abspath(os.fspath(generations_path))
+        if not isinstance(follow_links_outside, bool):
+            raise ConfigError("follow_links_outside", f"must be true or false, got {follow_links_outside!r}")
+        self.follow_links_outside = follow_links_outside
+        if now is not None and not callable(now):
+            raise ConfigError("now", f"must be a callable returning ms since the epoch, got {now!r}")
+        self._now: Callable[[], int] = now if now is not None else _wall_clock_ms
+        self._probe = Probe(self.root)
+        if columns is None:
+            if self.format != "parquet":
+                raise ConfigError(
+                    "columns",
+                    "required for csv and jsonl files (and whenever format is inferred); "
+                    "only format='parquet' can take its schema from the first file",
+                )
+            self.schema = first_schema(self._list(), self.pattern if self.pattern is not None else self.root)
+        else:
+            self.schema = check_columns(columns)
+        self._reader = FileReader(
+            output, self.schema, csv_header, self.csv_delimiter, self.csv_quote, on_record_error == "fail"
+        )
+
+    def __repr__(self) -> str:
+        where = self.pattern if self.pattern is not None else self.root
+        return f"FilesSource(path={where!r}, format={self.format!r}, output={self.output!r})"
+
+    # -- pickling: the clock and the probe's memory stay on the driver -------------------------
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Drop the clock (a test's lambda cannot be pickled) and the driver-only probe."""
+        state = dict(self.__dict__)
+        del state["_now"], state["_probe"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore with the wall clock and a fresh probe, so a copy can still probe."""
+        self.__dict__.update(state)
+        self._now = _wall_clock_ms
+        self._probe = Probe(self.root)
+
+    # -- the driver side ---------------------------------------------------------------------------
+
+    def outputs(self) -> Sequence[Output]:
+        """One append-only output holding the declared columns (lineage columns come on top)."""
+        return [Output(self.output, self.schema)]
+
+    def upper(self) -> Frontier:
+        """The probe: ``{(relative_path, generation): upper}`` of every settled file listed now.
+
+        Called on the driver before each batch. Re-reads the generations file every time (the
+        runtime rewrites it when a file is dropped). A file modified less than ``settle_seconds``
+        ago is left out, as it may still be being written; it shows in a later probe.
+
+        Never below the bound frontier, which the pipeline checks: the older generations of a
+        dropped file stay in it (at the file's upper), and within a process the probe never goes
+        below the previous one, so a file that is deleted, shrinks or is dropped keeps its
+        partition at its old offset. (After a restart, a file deleted or shrunk since it was
+        bound is not known any more; the pipeline then reports the source as changed.)
+        """
+        listed = self._list()
+        generations = self.generations()
+        now_ms = int(self._now()) if self.settle_seconds > 0 else 0
+        return self._probe.upper(listed, generations, now_ms, self.settle_seconds)
+
+    def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
+        """The next batch's frontier: up to ``max_files_per_batch`` whole new files, oldest first.
+
+        Called on the driver right after :meth:`upper`. A file is *new* when the last probe
+        listed it in its current generation and ``lower`` has it at offset 0: it was never bound.
+        It is bound whole, at the upper the probe listed. ``max_records`` is ignored on purpose:
+        offsets are bytes or rows, not records, and a file is the unit of atomicity (cutting it
+        would bind half a file and then need a split starting mid-file). At least one file is
+        taken whenever one is new, so a single huge file still makes progress. A file ``lower``
+        already has but that grew since changed after it was bound: it is not read again (a
+        warning is logged once) and only a drop re-ingests it. Older generations of a dropped
+        file, and files no longer listed, are never taken.
+        """
+        if upper.is_closed or lower.is_closed:
+            raise ValueError("a files source is never closed; got a closed frontier")
+        return self._probe.cap(lower, upper, self.max_files_per_batch)
+
+    def splits(self, lower: Frontier, upper: Frontier) -> Sequence[FileSplit]:
+        """One :class:`FileSplit` per file with ``lower < upper``, in discovery order.
+
+        A file is read whole, so its split starts at 0; a file bound part-way (``0 < lower <
+        upper``, which :meth:`cap` never produces) is a bug in the caller and raises
+        ``ValueError``. The partition carries its generation, so splits depend only on the two
+        frontiers (never on the generations file, which may have moved on since the batch was
+        bound): a replayed batch gets the same splits.
+        """
+        if upper.is_closed:
+            raise ValueError("a files source is never closed; got a closed upper frontier")
+        out: list[FileSplit] = []
+        for partition, end in upper.items():
+            start = lower.offset(partition)
+            if start >= end:
+                continue
+            if start != 0:
+                raise ValueError(
+                    f"file {partition!r} was bound up to offset {start} of {end}: a file is read whole, "
+                    "so its split must start at 0"
+                )
+            out.append(self._file_split(partition, end))
+        out.sort(key=lambda s: self._probe.sort_key(s.partition))
+        return out
+
+    def end(self) -> Frontier | None:
+        """Never known: a new file may arrive at any time."""
+        return None
+
+    # -- the task side -----------------------------------------------------------------------------
+
+    def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Read one whole file: its records as ``(output, batch)`` and bad ones as ``(ERRORS, batch)``.
+
+        Batches hold at most 65,536 rows, in file order, each starting with ``_partition`` and
+        ``_offset``. Replayable: the same split yields the same batches as long as the file's
+        first ``split.end`` bytes (Parquet: its rows) are unchanged. See :mod:`sources.files.reader`.
+        """
+        if split.start != 0 or split.end <= 0:
+            raise ValueError(f"split of {split.partition!r} is [{split.start}, {split.end}): a file reads [0, end)")
+        if not isinstance(split, FileSplit):
+            split = self._file_split(split.partition, split.end)
+        yield from self._reader.read(split)
+
+    # -- listing -----------------------------------------------------------------------------------
+
+    def listing(self) -> list[ListedFile]:
+        """Every candidate file now, read or not, with its current generation: for ``reclock files``.
+
+        Called on the driver or by the CLI, never on the batch path; reads metadata and Parquet
+        footers only. A file the probe takes has ``ignored`` ``None``; one it never takes says
+        why: ``"dangling link"``, ``"link outside the source directory"`` (unless
+        ``follow_links_outside``), ``"not a regular file (fifo)"`` (never opened, so this can not
+        block), ``"empty file"``, or ``"no rows"`` (a Parquet file). An empty file is ignored
+        rather than bound: upper 0 never shows in a frontier, so if it gains bytes later it is
+        still new and is ingested then.
+        """
+        listed, ignored = self._scan()
+        generations = self.generations()
+        now_ms = int(self._now()) if self.settle_seconds > 0 else 0
+        out = []
+        for f in listed:
+            upper = f.size if f.format != "parquet" else self._probe.parquet_upper(f, warn=False)
+            why = None if upper else "empty file" if f.size == 0 else "no rows"
+            generation = generations.get(f.relative, 0)
+            out.append(ListedFile(f.relative, generation, upper, settling(f, now_ms, self.settle_seconds), why))
+        out += [ListedFile(relative, generations.get(relative, 0), 0, False, why) for relative, why in ignored]
+        return out
+
+    def _list(self) -> list[Listed]:
+        """Every file the source reads, now, in discovery order (mtime, then relative path)."""
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[Listed], list[tuple[str, str]]]:
+        """The files read now and the candidates never read, with why (see :func:`~sources.files.listing.scan`)."""
+        return scan(
+            self.root,
+            self.pattern,
+            fixed=self.format,
+            skip=self.generations_path,
+            follow_links_outside=self.follow_links_outside,
+        )
+
+    def generations(self) -> dict[str, int]:
+        """``{relative_path: generation}`` from ``generations_path``; a missing file means all 0.
+
+        The current generation of each dropped file: the runtime bumps it on a drop.
+        """
+        return read_generations(self.generations_path)
+
+    def _file_split(self, partition: Partition, end: int) -> FileSplit:
+        relative, _ = unpack(partition)
+        fmt = format_of(relative, self.format)
+        if fmt is None:
+            raise ValueError(f"file {relative!r} has no known format (extension)")
+        return FileSplit(partition, 0, end, absolute(self.root, relative), fmt)
