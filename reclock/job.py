@@ -336,7 +336,7 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
 
 
 def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, report: BatchReport) -> dict | None:
-    if not getattr(pipeline.source, "is_file_source", False) or not isinstance(partition, tuple):
+    if not pipeline.source.is_file_source or not isinstance(partition, tuple):
         return None
     path, generation = partition
     return {

@@ -51,7 +51,7 @@ class Minter:
             proposal = Frontier.closed()
         else:
             probe = self._upper(stop)
-            if getattr(self.source, "forgets_partitions", False):
+            if self.source.forgets_partitions:
                 probe = bound.join(probe)
             self.last_probe = probe
             if not bound.less_equal(probe):

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -50,10 +50,11 @@ from reclock.errors import (
 from reclock.health import Health
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
+from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
-from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, Split
+from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
 
@@ -248,7 +249,17 @@ class Pipeline:
         Health is updated before observers hear of a batch (``on_batch``, also for failed
         attempts) or of a failure that has no batch (``on_health``), so they never show a stale one.
         """
-        stop = stop or threading.Event()
+        try:
+            self._loop(stop or threading.Event(), on_batch, on_health)
+        finally:
+            self.source.close()
+
+    def _loop(
+        self,
+        stop: threading.Event,
+        on_batch: Callable[[BatchReport], None] | None,
+        on_health: Callable[[Pipeline], None] | None,
+    ) -> None:
         attempts = stalls = 0
 
         def observe(report: BatchReport | None) -> None:
@@ -332,22 +343,13 @@ class Pipeline:
         # Step 3: plan from the slowest output.
         bindings = self.remap.bindings
         lo = self.resume_upper
-        pending = bindings.times(since=lo)
-        if not pending:
+        batch = plan_batch(bindings, lo, self.settings.max_batch)
+        if batch is None:
             return BatchReport()
-        lower = bindings.source_upper_at(lo)
-        hi = pending[0]
-        for t in pending[1:]:
-            frontier = bindings.source_upper_at(t + 1)
-            if frontier.is_closed or lower.count_to(frontier) > self.settings.max_batch:
-                break
-            hi = t
-        upper = bindings.source_upper_at(hi + 1)
-        if upper.is_closed:
-            upper = bindings.source_upper_at(hi)
-        moved = [p for p, o in upper.items() if o > lower.offset(p)]
+        hi, lower, upper = batch.hi, batch.lower, batch.upper
+        moved = batch.moved
         skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= hi]
-        splits = _without(self.source.splits(lower, upper), skips) if moved else []
+        splits = without_skips(self.source.splits(lower, upper), skips) if moved else []
         plan = BatchPlan(
             source=self.source,
             stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
@@ -359,7 +361,7 @@ class Pipeline:
         )
         # Step 4: write.
         started = wall_clock_ms()
-        results = _in_split_order(self.data_plane.run(plan, splits), splits)
+        results = in_split_order(self.data_plane.run(plan, splits), splits)
         report = BatchReport(
             hi, BatchState.SUCCEEDED, results=results, skips=skips, lower=lower, upper=upper, started_ms=started
         )
@@ -455,33 +457,6 @@ class Pipeline:
         self.health = Health.FAILED
         self.last_error = describe(exc)
         log.error("pipeline %s failed: %s", self.name, self.last_error)
-
-
-def _in_split_order(results: list[SplitResult], splits: Sequence[Split]) -> list[SplitResult]:
-    """Results in the order of the planned splits (a plane may return them as its tasks ran), so
-    "first" in a failure and the order of status rows mean the source's order."""
-    position = {(s.partition, s.start): i for i, s in enumerate(splits)}
-    return sorted(results, key=lambda r: position.get((r.split.partition, r.split.start), len(position)))
-
-
-def _without(splits: Sequence[Split], skips: list[Skip]) -> list[Split]:
-    """``splits`` minus the skipped ranges, cut with ``dataclasses.replace`` (subclasses survive)."""
-    if not skips:
-        return list(splits)
-    out: list[Split] = []
-    for split in splits:
-        pieces = [(split.start, split.end)]
-        for skip in skips:
-            if skip.partition != split.partition:
-                continue
-            pieces = [
-                piece
-                for start, end in pieces
-                for piece in ((start, min(end, skip.start)), (max(start, skip.end), end))
-                if piece[0] < piece[1]
-            ]
-        out += [split if (a, b) == (split.start, split.end) else replace(split, start=a, end=b) for a, b in pieces]
-    return out
 
 
 def _outputs_of(source: Source) -> dict[str, Output]:

@@ -51,7 +51,7 @@ def restore_history(lake: Lake, tables: StatusTables, pipeline: Pipeline) -> Non
 
 
 def _restore_files(lake: Lake, tables: StatusTables, pipeline: Pipeline, since: int) -> None:
-    if not getattr(pipeline.source, "is_file_source", False):
+    if not pipeline.source.is_file_source:
         return
     recorded = {
         (r["path"], r["generation"], r["state"])

@@ -104,19 +104,54 @@ class Split:
 
 @runtime_checkable
 class Source(Protocol):
-    def outputs(self) -> Sequence[Output]: ...
+    """What the runtime needs from a source; :class:`SourceBase` gives defaults for the optional part.
 
-    def upper(self) -> Frontier: ...
+    The driver calls :meth:`outputs`, :meth:`upper`, :meth:`cap`, :meth:`end`, :meth:`splits`,
+    :meth:`commit` and :meth:`close`; Spark tasks call :meth:`read` on a pickled copy, so a source
+    must pickle without its driver-side clients. Offsets are the source's own; a frontier maps
+    each partition to the first offset *not* yet available.
+    """
 
-    def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]: ...
+    #: Whether :meth:`upper` may stop naming a partition it named before (a deleted file). The
+    #: runtime then joins a probe with what is already bound; otherwise a probe below the bound
+    #: frontier means the source was recreated, a definite error.
+    forgets_partitions: bool
 
-    def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]: ...
+    #: Whether partitions are files ``(path, generation)``: the job then keeps file states.
+    is_file_source: bool
 
-    def commit(self, frontier: Frontier) -> None: ...
+    def outputs(self) -> Sequence[Output]:
+        """The output tables, fixed for the pipeline's life (``_errors`` is added by the runtime)."""
+        ...
 
-    def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier: ...
+    def upper(self) -> Frontier:
+        """How far data exists now: never goes back for a partition (unless it is forgotten)."""
+        ...
 
-    def end(self) -> Frontier | None: ...
+    def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
+        """Picklable pieces of work covering exactly ``[lower, upper)`` of every partition."""
+        ...
+
+    def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Every record of ``split`` once, as ``(output, batch)`` with lineage columns; bad
+        records go to :data:`ERRORS` at their coordinates. The same split reads the same rows."""
+        ...
+
+    def commit(self, frontier: Frontier) -> None:
+        """Advisory: every output holds everything below ``frontier`` (a Kafka group commit)."""
+        ...
+
+    def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
+        """Backpressure: an upper between ``lower`` and ``upper`` at most ``max_records`` past ``lower``."""
+        ...
+
+    def end(self) -> Frontier | None:
+        """The final frontier of a bounded source once known; ``None`` while unbounded."""
+        ...
+
+    def close(self) -> None:
+        """Release driver-side resources; called once when the pipeline stops running."""
+        ...
 
 
 class SourceBase:
@@ -125,10 +160,8 @@ class SourceBase:
     #: Largest number of offsets one split covers; bigger ranges are cut into several tasks.
     max_split_offsets: int = 1_000_000
 
-    #: Whether :meth:`upper` may stop naming a partition it named before (a deleted file). Such a
-    #: probe is joined with what is already bound; otherwise a probe below the bound frontier
-    #: means the source was recreated, a definite error.
     forgets_partitions: bool = False
+    is_file_source: bool = False
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         """One split per partition that advanced, cut at :attr:`max_split_offsets`."""
@@ -151,6 +184,9 @@ class SourceBase:
     def end(self) -> Frontier | None:
         """The final frontier of a bounded source once it is known; ``None`` while unbounded."""
         return None
+
+    def close(self) -> None:
+        """Nothing to release by default."""
 
 
 def cap_frontier(lower: Frontier, upper: Frontier, max_records: int) -> Frontier:

@@ -340,3 +340,32 @@ def test_a_stop_is_heard_while_a_probe_waits_and_the_next_run_takes_its_answer(t
     pipeline.run()  # waits for the probe given up above instead of starting a second one beside it
     assert pipeline.finished and source.most_at_once == 1
     assert [r["user"] for r in tables(tmp_path)["clicks"]] == [1]
+
+
+class ClosingSource(MemorySource):
+    closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_run_closes_the_source_once_however_it_ends(tmp_path):
+    finished = ClosingSource(SCHEMAS)
+    finished.append(0, "clicks", [{"user": 1}])
+    finished.finish()
+    Pipeline("done", tmp_path, finished, now=FakeClock(1000)).run()
+    assert finished.closed == 1
+    stopped = ClosingSource(SCHEMAS)
+    stop = threading.Event()
+    stop.set()
+    Pipeline("stopped", tmp_path, stopped, now=FakeClock(1000)).run(stop)
+    assert stopped.closed == 1
+    broken = ClosingSource(SCHEMAS)
+    broken.append(0, "clicks", [{"user": 1}])
+    broken.hold(Frontier({0: 1}))
+    pipeline = Pipeline("broken", tmp_path, broken, now=FakeClock(1000))
+    pipeline.step()
+    broken.hold(Frontier({0: 0}))  # goes back below what is bound: a definite failure
+    with pytest.raises(DefiniteSourceError):
+        pipeline.run()
+    assert broken.closed == 1
