@@ -338,7 +338,7 @@ def assert_exactly_once(lake: Any, pipeline: str, records: int) -> None:
     """Every source record is in exactly one output row: ``records`` distinct coordinates in all."""
     from deltalake import DeltaTable
 
-    from persist.read import read_table
+    from reclock.persist.read import read_table
 
     seen = 0
     keys = []

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from persist.lake import Lake, sink_id
-from persist.read import read_table
-from persist.remap import RemapTable
-from persist.sink import ENVELOPE
+from reclock.persist.lake import Lake, sink_id
+from reclock.persist.read import read_table
+from reclock.persist.remap import RemapTable
+from reclock.persist.sink import ENVELOPE
 from reclock.resumption import is_finished, resume_upper
 from reclock.time import IntoTime, label_upper
 

@@ -36,10 +36,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
-from persist.read import read_table
-from persist.sink import write_data_file
-from persist.storage import lake_io
 from reclock.bindings import Bindings
+from reclock.persist.read import read_table
+from reclock.persist.sink import write_data_file
+from reclock.persist.storage import lake_io
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition, wall_clock_ms
 
 __all__ = ["COMPACTED", "REMAP_SCHEMA", "RemapTable", "Skip"]

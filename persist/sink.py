@@ -32,8 +32,8 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
-from persist.storage import lake_io
 from reclock.errors import FencedError
+from reclock.persist.storage import lake_io
 from reclock.time import IntoTime, label_upper, wall_clock_ms
 
 __all__ = ["DELETED", "ENVELOPE", "INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]

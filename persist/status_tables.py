@@ -24,9 +24,9 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from persist import maintenance
-from persist.lake import Lake
-from persist.read import read_table
+from reclock.persist import maintenance
+from reclock.persist.lake import Lake
+from reclock.persist.read import read_table
 from reclock.time import wall_clock_ms
 
 __all__ = ["STATUS_SCHEMAS", "StatusTables", "read_status_table"]

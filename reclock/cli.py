@@ -22,17 +22,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from persist.asof import CLOSED_UPPER, read_as_of, readable_upper
-from persist.lake import Lake, sink_id
-from persist.read import read_table
-from persist.status_tables import read_status_table
 from reclock import job
 from reclock.config import load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
+from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
+from reclock.persist.lake import Lake, sink_id
+from reclock.persist.read import read_table
+from reclock.persist.status_tables import read_status_table
+from reclock.sources.base import ERRORS
 from reclock.status import DEAD, read_status
 from reclock.time import label_upper
-from sources.base import ERRORS
 
 __all__ = ["main"]
 

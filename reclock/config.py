@@ -42,14 +42,14 @@ from typing import Any
 
 from reclock.errors import ConfigError
 from reclock.settings import Maintenance, Settings
-from sources.base import Source
+from reclock.sources.base import Source
 
 __all__ = ["PipelineConfig", "build_source", "load_config", "parse_config", "redacted"]
 
 _SOURCES = {
-    "generator": "sources.generator:GeneratorSource",
-    "kafka": "sources.kafka:KafkaSource",
-    "files": "sources.files:FilesSource",
+    "generator": "reclock.sources.generator:GeneratorSource",
+    "kafka": "reclock.sources.kafka:KafkaSource",
+    "files": "reclock.sources.files:FilesSource",
 }
 _ENGINES = ("spark", "local")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -176,7 +176,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         small,
         maintenance,
     )
-    from persist.lake import NAME_PATTERN
+    from reclock.persist.lake import NAME_PATTERN
 
     if not NAME_PATTERN.match(name):
         raise fail("pipeline.name", f"{name!r} must be an identifier of at most 64 characters")

@@ -31,11 +31,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.sink import DELETED, INTO_TS, DataFile, write_data_file
 from reclock.errors import ContractError, ErrorKind, classify, describe
+from reclock.persist.sink import DELETED, INTO_TS, DataFile, write_data_file
+from reclock.sources.base import ERRORS, Source, Split
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import IntoTime, encode_partition
-from sources.base import ERRORS, Source, Split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

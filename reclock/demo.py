@@ -32,12 +32,12 @@ from typing import Any, TextIO
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.asof import readable_upper
-from persist.lake import Lake
 from reclock import job
 from reclock.config import parse_config
 from reclock.errors import ConfigError, ReclockError
 from reclock.health import Health
+from reclock.persist.asof import readable_upper
+from reclock.persist.lake import Lake
 from reclock.status import read_status
 from reclock.time import Frontier, IntoTime
 
@@ -109,7 +109,7 @@ def _pipeline_section(lake: Lake, engine: str) -> dict[str, Any]:
 
 def _kafka_demo(lake: Lake, *, events: int, rate: float, engine: str, out: TextIO) -> IntoTime | None:
     from reclock.broker import EmbeddedBroker
-    from sources.generator import AUCTIONS, AUCTIONS_SCHEMA, BIDS, BIDS_SCHEMA, PERSONS, PERSONS_SCHEMA
+    from reclock.sources.generator import AUCTIONS, AUCTIONS_SCHEMA, BIDS, BIDS_SCHEMA, PERSONS, PERSONS_SCHEMA
 
     schemas = {PERSONS: PERSONS_SCHEMA, AUCTIONS: AUCTIONS_SCHEMA, BIDS: BIDS_SCHEMA}
     with tempfile.TemporaryDirectory(prefix="reclock-demo-broker-") as logs, EmbeddedBroker(log_dir=logs) as broker:
@@ -314,8 +314,8 @@ def _produce(bootstrap: str, events: int, rate: float, go: Any, sender: Any) -> 
 
 def _events_as_json(events: int) -> Iterator[tuple[str, int, list[bytes]]]:
     """``(topic, partition, values)`` slices of the generator's events, partitions interleaved."""
-    from sources.base import Split
-    from sources.generator import GeneratorSource
+    from reclock.sources.base import Split
+    from reclock.sources.generator import GeneratorSource
 
     generator = GeneratorSource(partitions=DEMO_PARTITIONS, limit=events)
     limits = generator.partition_limits or ()

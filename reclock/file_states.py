@@ -31,12 +31,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from persist.asof import output_upper
-from persist.lake import Lake, sink_id
-from persist.remap import RemapTable, Skip
 from reclock.bindings import Bindings
+from reclock.persist.asof import output_upper
+from reclock.persist.lake import Lake, sink_id
+from reclock.persist.remap import RemapTable, Skip
+from reclock.sources.files import FilesSource, ListedFile
 from reclock.time import IntoTime, Partition
-from sources.files import FilesSource, ListedFile
 
 __all__ = ["FileState", "FileStatus", "derive_file_states", "drop_refusal", "read_file_states"]
 

@@ -21,10 +21,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TextIO
 
-from persist.asof import output_upper
-from persist.lake import Lake, sink_id
-from persist.remap import RemapTable
-from persist.status_tables import StatusTables
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
 from reclock.dataplane import AutoDataPlane, DataPlane, LocalDataPlane, SparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
@@ -33,13 +29,17 @@ from reclock.health import Health
 from reclock.maintenance import MaintenanceReport
 from reclock.maintenance import maintain as run_maintenance
 from reclock.metrics import Metrics
+from reclock.persist.asof import output_upper
+from reclock.persist.lake import Lake, sink_id
+from reclock.persist.remap import RemapTable
+from reclock.persist.status_tables import StatusTables
 from reclock.pipeline import BatchReport, BatchState, Pipeline
 from reclock.resumption import resume_upper
+from reclock.sources.base import Source
+from reclock.sources.files import FilesSource
 from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.status_restore import restore_history
 from reclock.time import encode_partition, wall_clock_ms
-from sources.base import Source
-from sources.files import FilesSource
 
 __all__ = ["create", "drop_file", "file_states", "load", "request_stop", "run"]
 

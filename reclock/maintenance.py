@@ -32,8 +32,8 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from persist import maintenance as tables
-from persist.remap import RemapTable
+from reclock.persist import maintenance as tables
+from reclock.persist.remap import RemapTable
 from reclock.settings import Maintenance
 from reclock.time import IntoTime
 

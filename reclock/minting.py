@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from persist.remap import RemapTable
 from reclock.errors import DefiniteSourceError
+from reclock.persist.remap import RemapTable
 from reclock.settings import Settings
+from reclock.sources.base import Source
 from reclock.time import Frontier, encode_partition
-from sources.base import Source
 
 __all__ = ["Interrupted", "Minter"]
 

@@ -34,9 +34,6 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from persist.lake import NAME_PATTERN, Lake, sink_id
-from persist.remap import RemapTable, Skip
-from persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
 from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
 from reclock.errors import (
     ConfigError,
@@ -50,11 +47,14 @@ from reclock.errors import (
 from reclock.health import Health
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
+from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
+from reclock.persist.remap import RemapTable, Skip
+from reclock.persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
+from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
-from sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from persist.remap import Skip
 from reclock.bindings import Bindings
 from reclock.dataplane import SplitResult
+from reclock.persist.remap import Skip
+from reclock.sources.base import Split
 from reclock.time import Frontier, IntoTime, Partition
-from sources.base import Split
 
 __all__ = ["BatchRange", "in_split_order", "plan_batch", "without_skips"]
 

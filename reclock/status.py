@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from persist.lake import Lake
+from reclock.persist.lake import Lake
 
 __all__ = ["DEAD", "Status", "job_alive", "read_status", "write_status"]
 

@@ -21,10 +21,10 @@ import logging
 
 from deltalake import DeltaTable
 
-from persist.lake import Lake
-from persist.status_tables import StatusTables, read_status_table
 from reclock.errors import describe
 from reclock.file_states import FileState, derive_file_states
+from reclock.persist.lake import Lake
+from reclock.persist.status_tables import StatusTables, read_status_table
 from reclock.pipeline import BatchState, Pipeline
 from reclock.time import encode_partition, wall_clock_ms
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
+from reclock.sources.base import LINEAGE_FIELDS, Output, SourceBase, Split, debezium_schema
 from reclock.time import Frontier, Partition, encode_partition
-from sources.base import LINEAGE_FIELDS, Output, SourceBase, Split, debezium_schema
 
 __all__ = ["CrashAt", "FakeClock", "MemorySource", "SimulatedCrash"]
 

@@ -44,8 +44,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ConfigError
+from reclock.sources.base import LINEAGE_FIELDS, Output, SourceBase, Split
 from reclock.time import Frontier, encode_partition
-from sources.base import LINEAGE_FIELDS, Output, SourceBase, Split
 
 __all__ = [
     "AUCTIONS",

@@ -116,7 +116,7 @@ def _write_inputs(root: Path, files: int, rows_per_file: int) -> None:
 def _reclock(session: Any | None, source_dir: Path, fmt: str, lake: Path, expected: int) -> float:
     from reclock.dataplane import LocalDataPlane, SparkDataPlane
     from reclock.pipeline import Pipeline
-    from sources.files import FilesSource
+    from reclock.sources.files import FilesSource
 
     started = time.perf_counter()
     source = FilesSource(path=str(source_dir), format=fmt, output="events", columns=COLUMNS if fmt == "csv" else None)

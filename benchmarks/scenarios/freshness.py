@@ -118,11 +118,11 @@ def run(full: bool = False) -> ScenarioResult:
 def _freshness(
     plane: str, engine: str, small_batch_offsets: int | None, rate: int, seconds: float
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    from persist.lake import Lake
     from reclock import job
     from reclock.config import parse_config
+    from reclock.persist.lake import Lake
+    from reclock.sources.kafka import output_name_for
     from reclock.status import read_status
-    from sources.kafka import output_name_for
 
     bootstrap = broker().bootstrap
     spark_section: dict[str, Any] = {"master": "local[2]"}
@@ -233,8 +233,8 @@ def _batch_costs(session: Any, sizes: dict[str, list[int]], runs: int) -> dict[s
     from reclock.dataplane import LocalDataPlane, SparkDataPlane
     from reclock.pipeline import Pipeline
     from reclock.settings import Settings
-    from sources.generator import GeneratorSource
-    from sources.kafka import KafkaSource
+    from reclock.sources.generator import GeneratorSource
+    from reclock.sources.kafka import KafkaSource
 
     need = max(sizes["kafka json"]) * (runs + 1) // 2 + 1
     topics, _ = produced(max(need, 200_000), PARTITIONS)

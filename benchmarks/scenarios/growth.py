@@ -34,11 +34,11 @@ from deltalake import DeltaTable, write_deltalake
 
 from benchmarks.common import figure, save_figure, workdir
 from benchmarks.harness import Ratio, ScenarioResult
-from persist.maintenance import set_retention
 from reclock.dataplane import LocalDataPlane
+from reclock.persist.maintenance import set_retention
 from reclock.pipeline import Pipeline
 from reclock.settings import Maintenance, Settings
-from sources.generator import GeneratorSource
+from reclock.sources.generator import GeneratorSource
 
 __all__ = ["run"]
 

@@ -186,7 +186,7 @@ def _reclock(
     """
     from reclock.dataplane import SparkDataPlane
     from reclock.pipeline import Pipeline
-    from sources.kafka import KafkaSource
+    from reclock.sources.kafka import KafkaSource
 
     want = {(t, p): end for t, parts in ends.items() for p, end in parts.items()}
     total = sum(want.values())

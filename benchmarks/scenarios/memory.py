@@ -86,9 +86,9 @@ def run(full: bool = False) -> ScenarioResult:
 
 def _job(engine: str, records: int, max_batch: int) -> dict[str, Any]:
     """Run one generator job to its end in a fresh process; its peaks and wall time."""
-    from persist.lake import Lake
     from reclock import job
     from reclock.config import parse_config
+    from reclock.persist.lake import Lake
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     with workdir(f"memory-{engine}") as root:

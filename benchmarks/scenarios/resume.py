@@ -119,9 +119,9 @@ def _session_startup() -> tuple[float, float]:
 
 
 def _kill_and_restart(rate: int, limit: int, max_batch: int) -> dict[str, Any]:
-    from persist.lake import Lake
     from reclock import job
     from reclock.config import parse_config
+    from reclock.persist.lake import Lake
     from reclock.status import read_status
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}

@@ -21,10 +21,10 @@ The stages, one module each:
 * :mod:`~sources.decode.result`: what a decoder returns.
 """
 
-from sources.decode.avro import avro_to_arrow_schema
-from sources.decode.formats import FORMATS, Decoder, Format
-from sources.decode.options import as_schema, make_decoder
-from sources.decode.result import Decoded, RecordFault
+from reclock.sources.decode.avro import avro_to_arrow_schema
+from reclock.sources.decode.formats import FORMATS, Decoder, Format
+from reclock.sources.decode.options import as_schema, make_decoder
+from reclock.sources.decode.result import Decoded, RecordFault
 
 __all__ = [
     "FORMATS",

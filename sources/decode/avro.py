@@ -19,8 +19,8 @@ import numpy as np
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from sources.base import clip_message
-from sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, empty_batch
+from reclock.sources.base import clip_message
+from reclock.sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, empty_batch
 
 __all__ = ["avro_json", "avro_to_arrow_schema", "decode_avro", "reading_schema"]
 

@@ -32,11 +32,11 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from sources.base import clip_message
-from sources.decode.avro import decode_avro, reading_schema
-from sources.decode.isolate import Rejected, bisect, isolate, rejecting
-from sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, all_good, empty_batch
-from sources.decode.screening import csv_screen, json_screen
+from reclock.sources.base import clip_message
+from reclock.sources.decode.avro import decode_avro, reading_schema
+from reclock.sources.decode.isolate import Rejected, bisect, isolate, rejecting
+from reclock.sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, all_good, empty_batch
+from reclock.sources.decode.screening import csv_screen, json_screen
 
 __all__ = ["FORMATS", "Decoder", "Format"]
 

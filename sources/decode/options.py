@@ -12,8 +12,8 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from sources.decode.avro import avro_json, avro_to_arrow_schema
-from sources.decode.formats import FORMATS, Decoder
+from reclock.sources.decode.avro import avro_json, avro_to_arrow_schema
+from reclock.sources.decode.formats import FORMATS, Decoder
 
 __all__ = ["as_schema", "make_decoder"]
 

@@ -67,8 +67,8 @@ Out of scope for now: row-range splitting of large files (one split reads one wh
 compressed files, object stores.
 """
 
-from sources.files.listing import ListedFile
-from sources.files.reader import CONVERT, PARSE, FileSplit
-from sources.files.source import FilesSource
+from reclock.sources.files.listing import ListedFile
+from reclock.sources.files.reader import CONVERT, PARSE, FileSplit
+from reclock.sources.files.source import FilesSource
 
 __all__ = ["CONVERT", "PARSE", "FileSplit", "FilesSource", "ListedFile"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sources.files.listing import open_regular
+from reclock.sources.files.listing import open_regular
 
 __all__ = ["Records", "cut_blocks", "record_pattern"]
 

@@ -16,7 +16,7 @@ from typing import Literal, TypeAlias
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from sources.base import LINEAGE_FIELDS
+from reclock.sources.base import LINEAGE_FIELDS
 
 __all__ = [
     "COLUMN_TYPES",

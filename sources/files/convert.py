@@ -17,8 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sources.decode.isolate import Rejected, bisect
-from sources.files.config import UTC
+from reclock.sources.decode.isolate import Rejected, bisect
+from reclock.sources.files.config import UTC
 
 __all__ = ["convert", "convert_all", "text_to"]
 

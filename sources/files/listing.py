@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import BinaryIO
 
+from reclock.sources.files.config import FileFormat
 from reclock.time import Partition
-from sources.files.config import FileFormat
 
 __all__ = ["Listed", "ListedFile", "absolute", "format_of", "open_regular", "read_generations", "scan", "unpack"]
 

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from reclock.errors import ConfigError
-from sources.files.config import RESERVED
-from sources.files.convert import convert, convert_all
-from sources.files.listing import Listed, open_regular
+from reclock.sources.files.config import RESERVED
+from reclock.sources.files.convert import convert, convert_all
+from reclock.sources.files.listing import Listed, open_regular
 
 __all__ = ["ParquetRows", "first_schema", "footer_rows", "read_rows", "row_json"]
 

@@ -23,12 +23,12 @@ import pyarrow as pa
 import pyarrow.csv as pa_csv
 import pyarrow.json as pa_json
 
-from sources.base import RecordError
-from sources.decode.isolate import isolate, rejecting
-from sources.decode.screening import json_screen
-from sources.files.blocks import Records
-from sources.files.config import UTC
-from sources.files.convert import convert, convert_all, text_to
+from reclock.sources.base import RecordError
+from reclock.sources.decode.isolate import isolate, rejecting
+from reclock.sources.decode.screening import json_screen
+from reclock.sources.files.blocks import Records
+from reclock.sources.files.config import UTC
+from reclock.sources.files.convert import convert, convert_all, text_to
 
 __all__ = ["Parsed", "RecordParser"]
 

@@ -22,9 +22,9 @@ import os
 
 import pyarrow as pa
 
+from reclock.sources.files.listing import Listed, absolute, unpack
+from reclock.sources.files.parquet import footer_rows
 from reclock.time import Frontier, Partition
-from sources.files.listing import Listed, absolute, unpack
-from sources.files.parquet import footer_rows
 
 __all__ = ["Probe", "settling"]
 

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Split, clip_message, error_batch
+from reclock.sources.decode.isolate import PIECE
+from reclock.sources.files.blocks import cut_blocks, record_pattern
+from reclock.sources.files.config import FileFormat
+from reclock.sources.files.parquet import read_rows, row_json
+from reclock.sources.files.parse import RecordParser
 from reclock.time import encode_partition
-from sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Split, clip_message, error_batch
-from sources.decode.isolate import PIECE
-from sources.files.blocks import cut_blocks, record_pattern
-from sources.files.config import FileFormat
-from sources.files.parquet import read_rows, row_json
-from sources.files.parse import RecordParser
 
 __all__ = ["CONVERT", "PARSE", "FileReader", "FileSplit"]
 

@@ -17,10 +17,9 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from reclock.time import Frontier, Partition
-from sources.base import ERRORS, Output, SourceBase, Split
-from sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns, check_path
-from sources.files.listing import (
+from reclock.sources.base import ERRORS, Output, SourceBase, Split
+from reclock.sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns, check_path
+from reclock.sources.files.listing import (
     Listed,
     ListedFile,
     absolute,
@@ -29,9 +28,10 @@ from sources.files.listing import (
     scan,
     unpack,
 )
-from sources.files.parquet import first_schema
-from sources.files.probe import Probe, settling
-from sources.files.reader import FileReader, FileSplit
+from reclock.sources.files.parquet import first_schema
+from reclock.sources.files.probe import Probe, settling
+from reclock.sources.files.reader import FileReader, FileSplit
+from reclock.time import Frontier, Partition
 
 __all__ = ["FilesSource"]
 

@@ -33,12 +33,12 @@ binds). On Tansu, ``offsets_for_times`` always answers offset 0, so a timestamp 
 the beginning there.
 """
 
-from sources.kafka.clients import SourceTimeout
-from sources.kafka.config import METADATA_COLUMNS, KafkaRoute, output_name_for
-from sources.kafka.reader import OFFSET_LOST as OFFSET_LOST
-from sources.kafka.reader import _Buffer as _Buffer
-from sources.kafka.source import KafkaSource
-from sources.kafka.splits import KafkaSplit
+from reclock.sources.kafka.clients import SourceTimeout
+from reclock.sources.kafka.config import METADATA_COLUMNS, KafkaRoute, output_name_for
+from reclock.sources.kafka.reader import OFFSET_LOST as OFFSET_LOST
+from reclock.sources.kafka.reader import _Buffer as _Buffer
+from reclock.sources.kafka.source import KafkaSource
+from reclock.sources.kafka.splits import KafkaSplit
 
 __all__ = [
     "METADATA_COLUMNS",

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 
 from reclock.errors import describe
+from reclock.sources.kafka.clients import KafkaClients
 from reclock.time import Frontier, Partition
-from sources.kafka.clients import KafkaClients
 
 __all__ = ["commit_offsets"]
 

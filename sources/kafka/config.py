@@ -22,9 +22,9 @@ from typing import Any, Literal
 import pyarrow as pa
 
 from reclock.errors import ConfigError
+from reclock.sources.base import Output, debezium_schema
+from reclock.sources.decode import Decoder, as_schema, make_decoder
 from reclock.time import Partition, decode_partition, encode_partition
-from sources.base import Output, debezium_schema
-from sources.decode import Decoder, as_schema, make_decoder
 
 __all__ = [
     "METADATA_COLUMNS",

@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from reclock.errors import DefiniteSourceError, describe
+from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
+from reclock.sources.kafka.config import Routing
 from reclock.time import Frontier
-from sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
-from sources.kafka.config import Routing
 
 __all__ = ["Prober", "low_watermarks"]
 

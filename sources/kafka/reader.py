@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 
 from reclock.errors import DefiniteSourceError
+from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Split, error_batch
+from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, close_client
+from reclock.sources.kafka.config import METADATA_COLUMNS, KafkaRoute, Policy, Routing
+from reclock.sources.kafka.probe import low_watermarks
 from reclock.time import encode_partition
-from sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Split, error_batch
-from sources.kafka.clients import KafkaClients, SourceTimeout, close_client
-from sources.kafka.config import METADATA_COLUMNS, KafkaRoute, Policy, Routing
-from sources.kafka.probe import low_watermarks
 
 __all__ = ["OFFSET_LOST", "lost_batch", "read_split", "shape"]
 

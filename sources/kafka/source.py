@@ -17,11 +17,10 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from reclock.time import Frontier, Partition
-from sources.base import Output, SourceBase, Split
-from sources.kafka.clients import KafkaClients, check_client_settings
-from sources.kafka.committer import commit_offsets
-from sources.kafka.config import (
+from reclock.sources.base import Output, SourceBase, Split
+from reclock.sources.kafka.clients import KafkaClients, check_client_settings
+from reclock.sources.kafka.committer import commit_offsets
+from reclock.sources.kafka.config import (
     POLICIES,
     KafkaRoute,
     Policy,
@@ -32,9 +31,10 @@ from sources.kafka.config import (
     check_selection,
     check_start,
 )
-from sources.kafka.probe import Prober
-from sources.kafka.reader import _Buffer, read_split, shape
-from sources.kafka.splits import KafkaSplit, cut
+from reclock.sources.kafka.probe import Prober
+from reclock.sources.kafka.reader import _Buffer, read_split, shape
+from reclock.sources.kafka.splits import KafkaSplit, cut
+from reclock.time import Frontier, Partition
 
 __all__ = ["KafkaSource"]
 

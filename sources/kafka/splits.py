@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from reclock.errors import DefiniteSourceError
-from sources.base import Split
-from sources.kafka.config import Policy
+from reclock.sources.base import Split
+from reclock.sources.kafka.config import Policy
 
 __all__ = ["KafkaSplit", "cut"]
 

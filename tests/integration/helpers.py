@@ -12,11 +12,11 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from persist.lake import Lake
-from persist.read import read_table
-from persist.remap import RemapTable
+from reclock.persist.lake import Lake
+from reclock.persist.read import read_table
+from reclock.persist.remap import RemapTable
+from reclock.sources.generator import AUCTIONS, BIDS, PERSONS
 from reclock.time import decode_partition
-from sources.generator import AUCTIONS, BIDS, PERSONS
 
 
 def output_rows(lake: Path, pipeline: str) -> dict[str, list[tuple[str, int, int]]]:

@@ -22,10 +22,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from persist.lake import Lake
-from persist.read import read_table
-from persist.status_tables import read_status_table
 from reclock.cli import main
+from reclock.persist.lake import Lake
+from reclock.persist.read import read_table
+from reclock.persist.status_tables import read_status_table
 from tests.integration.helpers import files_pipeline_config, write_numbered_csvs
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from persist.lake import Lake
+from reclock.persist.lake import Lake
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, reclock_cli, write_config
 

@@ -11,10 +11,10 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from persist.asof import CLOSED_UPPER
 from reclock.cli import main
 from reclock.config import load_config
 from reclock.errors import ConfigError
+from reclock.persist.asof import CLOSED_UPPER
 
 GOOD = """
 [pipeline]
@@ -165,7 +165,7 @@ def test_drop_file_refuses_a_pipeline_that_reads_no_files(tmp_path, capsys):
 
 def test_small_batches_run_in_the_driver_and_large_ones_on_the_other_plane(tmp_path):
     from reclock.dataplane import AutoDataPlane, BatchPlan
-    from sources.base import Split
+    from reclock.sources.base import Split
 
     class Recording:
         def __init__(self) -> None:

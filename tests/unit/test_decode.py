@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock.errors import ConfigError
-from sources.decode import Decoded, avro_to_arrow_schema, make_decoder
+from reclock.sources.decode import Decoded, avro_to_arrow_schema, make_decoder
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
 

@@ -7,13 +7,13 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persist.asof import read_as_of
-from persist.lake import Lake
-from persist.read import read_table
+from reclock.persist.asof import read_as_of
+from reclock.persist.lake import Lake
+from reclock.persist.read import read_table
 from reclock.pipeline import Pipeline
 from reclock.settings import Settings
+from reclock.sources.base import Output
 from reclock.testing import FakeClock, MemorySource
-from sources.base import Output
 
 KV = pa.schema([("k", pa.int64()), ("v", pa.string())])
 

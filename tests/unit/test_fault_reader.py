@@ -18,7 +18,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persist.remap import RemapTable
+from reclock.persist.remap import RemapTable
 from reclock.time import encode_partition
 from tests.faults.crash import Report, _check_appended, _check_stamps, parser
 from tests.faults.reader import DeltaLog, Remap, checkpoint_agrees, label_of, read_rows

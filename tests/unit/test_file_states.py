@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from persist.lake import Lake
-from persist.read import read_table
-from persist.remap import Skip
 from reclock import Bindings, Frontier
 from reclock.cli import main
 from reclock.file_states import FileState, FileStatus, derive_file_states, drop_refusal, read_file_states
+from reclock.persist.lake import Lake
+from reclock.persist.read import read_table
+from reclock.persist.remap import Skip
 from reclock.pipeline import Pipeline
+from reclock.sources.files import FilesSource, ListedFile
 from reclock.testing import CrashAt, FakeClock, SimulatedCrash
-from sources.files import FilesSource, ListedFile
 from tests.integration.helpers import files_pipeline_config
 
 COLUMNS = {"id": "int64", "name": "string"}

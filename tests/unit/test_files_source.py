@@ -24,11 +24,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sources.files.reader as files
+import reclock.sources.files.reader as files
 from reclock.errors import ConfigError
+from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Source, Split
+from reclock.sources.files import CONVERT, PARSE, FileSplit, FilesSource
 from reclock.time import Frontier
-from sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Source, Split
-from sources.files import CONVERT, PARSE, FileSplit, FilesSource
 
 COLUMNS = {"id": "int64", "name": "string"}
 UTC = dt.UTC
@@ -277,7 +277,7 @@ def test_csv_lines_that_are_not_utf8_go_to_errors_and_print_nothing(tmp_path: Pa
     data = b"\n".join(lines) + b"\n"
     write(tmp_path / "in" / "a.csv", data)
     script = (
-        "import json; from reclock.time import Frontier; from sources.files import FilesSource\n"
+        "import json; from reclock.time import Frontier; from reclock.sources.files import FilesSource\n"
         f"source = FilesSource(path={str(tmp_path / 'in')!r}, columns={COLUMNS!r})\n"
         "out = {}\n"
         "for split in source.splits(Frontier(), source.upper()):\n"

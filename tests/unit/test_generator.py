@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sources.generator as generator
+import reclock.sources.generator as generator
 from reclock.errors import ConfigError
+from reclock.sources.base import LINEAGE_FIELDS, Source, Split
+from reclock.sources.generator import AUCTIONS, BASE_EPOCH_MS, BIDS, PERSONS, GeneratorSource
 from reclock.time import Frontier
-from sources.base import LINEAGE_FIELDS, Source, Split
-from sources.generator import AUCTIONS, BASE_EPOCH_MS, BIDS, PERSONS, GeneratorSource
 
 OUTPUTS = (PERSONS, AUCTIONS, BIDS)
 

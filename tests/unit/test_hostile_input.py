@@ -29,15 +29,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.consumer.fetcher import ConsumerRecord
 
-from persist.asof import read_as_of, readable_upper
 from reclock.dataplane import LocalDataPlane
+from reclock.persist.asof import read_as_of, readable_upper
 from reclock.pipeline import Pipeline
 from reclock.settings import Settings
+from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Split, error_batch
+from reclock.sources.decode import Decoder, make_decoder
+from reclock.sources.kafka import KafkaSource
 from reclock.testing import MemorySource
 from reclock.time import encode_partition
-from sources.base import ERRORS, LINEAGE_FIELDS, Split, error_batch
-from sources.decode import Decoder, make_decoder
-from sources.kafka import KafkaSource
 from tests.faults.reader import DeltaLog, Remap, read_rows
 
 SCHEMA = {"id": "int64", "score": "double", "name": "string"}
@@ -212,7 +212,7 @@ def _records(topic: str, partition: int, offsets: list[int], values: list[bytes 
 @HOSTILE
 @given(data=st.data())
 def test_kafka_shaping_puts_every_offset_of_every_partition_in_the_output_or_in_errors_with_its_coordinates(fmt, data):
-    from sources.kafka import _Buffer
+    from reclock.sources.kafka import _Buffer
 
     _, values = DECODERS[fmt]
     options = {"json": {"schema": SCHEMA}, "csv": {"schema": SCHEMA}, "avro": {"avro_schema": AVRO}}.get(fmt, {})

@@ -13,15 +13,15 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persist.asof import read_as_of, readable_upper
-from persist.lake import Lake, sink_id
-from persist.remap import RemapTable
-from persist.sink import OutputSink, table_schema
 from reclock.errors import FencedError
+from reclock.persist.asof import read_as_of, readable_upper
+from reclock.persist.lake import Lake, sink_id
+from reclock.persist.remap import RemapTable
+from reclock.persist.sink import OutputSink, table_schema
 from reclock.pipeline import Pipeline
 from reclock.settings import Maintenance, Settings
+from reclock.sources.base import Output
 from reclock.testing import FakeClock, MemorySource
-from sources.base import Output
 from tests.faults.reader import DeltaLog, read_rows
 
 OUTPUTS = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persist.remap import RemapTable, Skip
 from reclock import Frontier
 from reclock.bindings import Bindings
+from reclock.persist.remap import RemapTable, Skip
 from tests.unit.strategies import binding_lists
 
 

@@ -22,7 +22,7 @@ from deltalake import DeltaTable, QueryBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persist.sink import OutputSink, table_schema, write_data_file
+from reclock.persist.sink import OutputSink, table_schema, write_data_file
 
 _UTC = dt.UTC
 

@@ -10,17 +10,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from persist.lake import Lake
-from persist.read import read_table
-from persist.status_tables import read_status_table
 from reclock import job
 from reclock.config import parse_config
 from reclock.dataplane import LocalDataPlane
 from reclock.metrics import Metrics
+from reclock.persist.lake import Lake
+from reclock.persist.read import read_table
+from reclock.persist.status_tables import read_status_table
 from reclock.pipeline import Pipeline
+from reclock.sources.base import ERRORS
 from reclock.status import read_status
 from reclock.testing import FakeClock, MemorySource
-from sources.base import ERRORS
 
 
 def run_generator_job(tmp_path, **pipeline):

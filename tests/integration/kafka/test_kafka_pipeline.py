@@ -24,21 +24,21 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from persist.asof import read_as_of
-from persist.lake import Lake
-from persist.read import read_table
-from persist.remap import RemapTable
-from persist.status_tables import STATUS_SCHEMAS, read_status_table
 from reclock import job
 from reclock.broker import EmbeddedBroker
 from reclock.config import load_config
 from reclock.dataplane import LocalDataPlane, SparkDataPlane
 from reclock.health import Health
+from reclock.persist.asof import read_as_of
+from reclock.persist.lake import Lake
+from reclock.persist.read import read_table
+from reclock.persist.remap import RemapTable
+from reclock.persist.status_tables import STATUS_SCHEMAS, read_status_table
 from reclock.pipeline import BatchFailed, Pipeline
 from reclock.settings import Settings
+from reclock.sources.base import ERRORS
+from reclock.sources.kafka import KafkaSource, output_name_for
 from reclock.time import Frontier, decode_partition, encode_partition
-from sources.base import ERRORS
-from sources.kafka import KafkaSource, output_name_for
 from tests.integration.helpers import reclock_cli, write_config
 from tests.integration.kafka.conftest import Producer
 

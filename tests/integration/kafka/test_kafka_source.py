@@ -18,9 +18,9 @@ import pytest
 
 from reclock.broker import EmbeddedBroker
 from reclock.errors import ConfigError, DefiniteSourceError, TransientError
+from reclock.sources.base import ERRORS, RecordError
+from reclock.sources.kafka import KafkaSource, KafkaSplit, SourceTimeout, output_name_for
 from reclock.time import Frontier, encode_partition
-from sources.base import ERRORS, RecordError
-from sources.kafka import KafkaSource, KafkaSplit, SourceTimeout, output_name_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -374,7 +374,7 @@ def test_commit_writes_the_frontier_to_the_consumer_group(broker, topic, produce
 
 def test_commit_failure_is_logged_never_raised(caplog):
     source = KafkaSource("127.0.0.1:1", topics=["t"], group_id="g", read_timeout_s=1.0)
-    with caplog.at_level(logging.WARNING, logger="sources.kafka"):
+    with caplog.at_level(logging.WARNING, logger="reclock.sources.kafka"):
         source.commit(Frontier({("t", 0): 5}))
     assert "commit" in caplog.text and "failed" in caplog.text
 
