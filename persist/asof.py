@@ -23,7 +23,7 @@ from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import ENVELOPE
 from reclock.resumption import is_finished, resume_upper
-from reclock.time import IntoTime, label_upper
+from reclock.time import INTO_TS, IntoTime, label_upper
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -66,7 +66,7 @@ def read_as_of(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[
     for output, version in versions.items():
         table = _at(lake.output_path(pipeline, output), version)
         try:
-            out[output] = read_table(table, filters=[("_into_ts", "<=", as_of)])
+            out[output] = read_table(table, filters=[(INTO_TS, "<=", as_of)])
         except FileNotFoundError:
             raise _vacuumed(pipeline, output, as_of) from None
     return out
@@ -89,7 +89,7 @@ def read_as_of_spark(
             raise _vacuumed(pipeline, output, as_of)
         spark_schema = from_arrow_schema(schema)
         frame = spark.read.schema(spark_schema).parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
-        out[output] = frame.where(F.col("_into_ts") <= as_of)
+        out[output] = frame.where(F.col(INTO_TS) <= as_of)
     return out
 
 

@@ -34,12 +34,10 @@ from deltalake.transaction import AddAction
 
 from reclock.errors import FencedError
 from reclock.persist.storage import lake_io
-from reclock.time import IntoTime, label_upper, wall_clock_ms
+from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, label_upper, wall_clock_ms
 
 __all__ = ["DELETED", "ENVELOPE", "INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
 
-#: The column every output row carries: its time on the shared timeline (ms since the epoch).
-INTO_TS = "_into_ts"
 
 #: Staged-only column of upsert and debezium outputs: the record deletes its key.
 DELETED = "_deleted"
@@ -56,7 +54,7 @@ def table_schema(own: pa.Schema, *, lineage: bool = True) -> pa.Schema:
     """An output table's schema: its own columns, ``_into_ts``, then lineage when appended."""
     fields = [*own, pa.field(INTO_TS, pa.int64(), nullable=False)]
     if lineage:
-        fields += [pa.field("_partition", pa.string(), nullable=False), pa.field("_offset", pa.int64(), nullable=False)]
+        fields += [pa.field(PARTITION, pa.string(), nullable=False), pa.field(OFFSET, pa.int64(), nullable=False)]
     return pa.schema(fields)
 
 
@@ -218,7 +216,7 @@ class OutputSink:
         """One MERGE of the latest staged record per key, on the snapshot the label was read from."""
         staged = pq.read_table([str(self.staging / f.path) for f in files], schema=self.write_schema)
         order = staged.append_column("__order", pa.array(range(staged.num_rows), pa.int64()))
-        order = order.sort_by([(INTO_TS, "ascending"), ("_offset", "ascending"), ("__order", "ascending")])
+        order = order.sort_by([(INTO_TS, "ascending"), (OFFSET, "ascending"), ("__order", "ascending")])
         order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))
         latest = order.group_by(list(self.key)).aggregate([("__rank", "max")]).column("__rank_max")
         batch = order.take(latest).drop_columns(["__order", "__rank"])

@@ -32,7 +32,7 @@ from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
 from reclock.sources.base import ERRORS
 from reclock.status import DEAD, read_status
-from reclock.time import label_upper
+from reclock.time import INTO_TS, OFFSET, PARTITION, label_upper
 
 __all__ = ["main"]
 
@@ -267,16 +267,16 @@ def _record_errors(lake: Lake, name: str) -> list[dict]:
     path = lake.output_path(name, ERRORS)
     if not (path / "_delta_log").is_dir():
         return []
-    table = read_table(DeltaTable(str(path)), columns=["kind", "message", "_partition", "_offset", "_into_ts"])
+    table = read_table(DeltaTable(str(path)), columns=["kind", "message", PARTITION, OFFSET, INTO_TS])
     return [
         {
-            "time_ms": r["_into_ts"],
+            "time_ms": r[INTO_TS],
             "kind": r["kind"],
             "code": "record",
             "message": r["message"],
-            "batch_id": r["_into_ts"],
-            "partition": r["_partition"],
-            "offset": r["_offset"],
+            "batch_id": r[INTO_TS],
+            "partition": r[PARTITION],
+            "offset": r[OFFSET],
         }
         for r in table.to_pylist()
     ]
@@ -426,7 +426,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _agg(table: pa.Table, fn) -> int | None:
-    values = table.column("_into_ts").to_pylist()
+    values = table.column(INTO_TS).to_pylist()
     return fn(values) if values else None
 
 

@@ -32,10 +32,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError, ErrorKind, classify, describe
-from reclock.persist.sink import DELETED, INTO_TS, DataFile, write_data_file
-from reclock.sources.base import ERRORS, Source, Split
+from reclock.persist.sink import DELETED, DataFile, write_data_file
+from reclock.sources.base import ERRORS, Source, Split, error_batch
 from reclock.stamp import UNBOUND, Stamper
-from reclock.time import IntoTime, encode_partition
+from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -173,21 +173,21 @@ def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict
     for output, batch in plan.source.read(split):
         stats["bytes_read"] += batch.nbytes
         if batch.num_rows:
-            offsets = batch.column("_offset")
+            offsets = batch.column(OFFSET)
             lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
             stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
             stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
         schema = plan.schemas.get(output)
         if schema is None:
             raise ContractError(f"source yielded rows for unknown output {output!r} from split {split!r}")
-        into = plan.stamper.into_times(batch.column("_partition"), batch.column("_offset"), partition=partition)
+        into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
         if len(into) and (into == UNBOUND).any():
             raise ContractError(f"split {split!r} yielded a record no binding covers: reads must stay in their split")
         keep = into >= plan.uppers[output]
         if not keep.any():
             continue
         envelope, key = plan.envelopes.get(output, ("append", ()))
-        shaped = _shape(_unwrap(batch, envelope, key), into, schema)
+        shaped = output_rows(_unwrap(batch, envelope, key), into, schema)
         if not keep.all():
             shaped = shaped.filter(pa.array(keep))
         if key:
@@ -226,20 +226,20 @@ def _unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.Re
         columns = [
             pc.if_else(deleted, pc.struct_field(before, [i]), pc.struct_field(after, [i])) for i in range(len(names))
         ]
-        others = [n for n in batch.schema.names if n not in ("_partition", "_offset", "before", "after", "op")]
+        others = [n for n in batch.schema.names if n not in (PARTITION, OFFSET, "before", "after", "op")]
         return pa.RecordBatch.from_arrays(
             [
-                batch.column("_partition"),
-                batch.column("_offset"),
+                batch.column(PARTITION),
+                batch.column(OFFSET),
                 *columns,
                 *(batch.column(n) for n in others),
                 deleted,
             ],
-            names=["_partition", "_offset", *names, *others, DELETED],
+            names=[PARTITION, OFFSET, *names, *others, DELETED],
         )
     if batch.schema.get_field_index(DELETED) >= 0:
         return batch
-    values = [n for n in batch.schema.names if n not in ("_partition", "_offset", *key)]
+    values = [n for n in batch.schema.names if n not in (PARTITION, OFFSET, *key)]
     deleted = pa.array(np.ones(batch.num_rows, dtype=bool))
     for name in values:
         deleted = pc.and_(deleted, pc.is_null(batch.column(name)))
@@ -254,21 +254,21 @@ def _split_null_keys(table: pa.Table, key: tuple[str, ...], errors: pa.Schema) -
     if not pc.any(missing).as_py():
         return table, errors.empty_table()
     bad = table.filter(missing)
-    orphans = pa.table(
-        {
-            "kind": pa.array(["null_key"] * bad.num_rows, pa.string()),
-            "message": pa.array([f"upsert key {list(key)} is null"] * bad.num_rows, pa.string()),
-            "raw": pa.nulls(bad.num_rows, pa.binary()),
-            INTO_TS: bad.column(INTO_TS),
-            "_partition": bad.column("_partition"),
-            "_offset": bad.column("_offset"),
-        },
-        schema=errors,
+    n = bad.num_rows
+    reasons = error_batch(
+        bad.column(PARTITION).combine_chunks(),
+        bad.column(OFFSET).combine_chunks(),
+        ["null_key"] * n,
+        [f"upsert key {list(key)} is null"] * n,
+        [None] * n,
     )
+    orphans = output_rows(reasons, bad.column(INTO_TS).combine_chunks(), errors)
     return table.filter(pc.invert(missing)), orphans
 
 
-def _shape(batch: pa.RecordBatch, into: np.ndarray, schema: pa.Schema) -> pa.Table:
+def output_rows(batch: pa.RecordBatch, into: np.ndarray | pa.Array, schema: pa.Schema) -> pa.Table:
+    """A reader's batch as rows of its output table: stamped with ``_into_ts``, in the table's
+    column order and types. A batch missing a column of its output is a broken source."""
     columns = []
     for target in schema:
         if target.name == INTO_TS:
@@ -276,7 +276,7 @@ def _shape(batch: pa.RecordBatch, into: np.ndarray, schema: pa.Schema) -> pa.Tab
             continue
         index = batch.schema.get_field_index(target.name)
         if index < 0:
-            raise ValueError(f"source batch lacks column {target.name!r} of its output")
+            raise ContractError(f"source batch lacks column {target.name!r} of its output")
         column = batch.column(index)
         columns.append(column if column.type == target.type else column.cast(target.type))
     return pa.Table.from_arrays(columns, schema=schema)

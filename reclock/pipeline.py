@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult
+from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult, output_rows
 from reclock.errors import (
     ConfigError,
     DefiniteSourceError,
@@ -49,11 +49,11 @@ from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
 from reclock.persist.remap import RemapTable, Skip
-from reclock.persist.sink import INTO_TS, DataFile, OutputSink, table_schema, write_data_file
+from reclock.persist.sink import DataFile, OutputSink, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
-from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
+from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, error_batch
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
@@ -405,17 +405,8 @@ class Pipeline:
             f"offsets [{s.start}, {s.end}) of partition {encode_partition(s.partition)} skipped: {s.reason}"
             for s in skips
         ]
-        table = pa.table(
-            {
-                "kind": ["skipped"] * len(skips),
-                "message": messages,
-                "raw": pa.nulls(len(skips), pa.binary()),
-                INTO_TS: into,
-                "_partition": partitions,
-                "_offset": starts,
-            },
-            schema=plan.schemas[ERRORS],
-        ).filter(pa.array(keep))
+        reasons = error_batch(partitions, starts, ["skipped"] * len(skips), messages, [None] * len(skips))
+        table = output_rows(reasons, into, plan.schemas[ERRORS]).filter(pa.array(keep))
         return [write_data_file(plan.roots[ERRORS], ERRORS, table)]
 
     def _skip(self, report: BatchReport, attempts: int) -> None:

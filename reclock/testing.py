@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from reclock.sources.base import LINEAGE_FIELDS, Output, SourceBase, Split, debezium_schema
-from reclock.time import Frontier, Partition, encode_partition
+from reclock.time import OFFSET, PARTITION, Frontier, Partition, encode_partition
 
 __all__ = ["CrashAt", "FakeClock", "MemorySource", "SimulatedCrash"]
 
@@ -98,7 +98,7 @@ class MemorySource(SourceBase):
         encoded = encode_partition(split.partition)
         for output, items in by_output.items():
             schema = pa.schema([*LINEAGE_FIELDS, *self._schemas[output]])
-            rows = [{"_partition": encoded, "_offset": offset, **row} for offset, row in items]
+            rows = [{PARTITION: encoded, OFFSET: offset, **row} for offset, row in items]
             yield output, pa.RecordBatch.from_pylist(rows, schema=schema)
 
     def commit(self, frontier: Frontier) -> None:

@@ -26,7 +26,10 @@ from collections.abc import Hashable, Iterator, Mapping
 from typing import TypeAlias
 
 __all__ = [
+    "INTO_TS",
     "MAX_OFFSET",
+    "OFFSET",
+    "PARTITION",
     "Frontier",
     "IntoTime",
     "Offset",
@@ -40,6 +43,11 @@ __all__ = [
 Partition: TypeAlias = Hashable
 Offset: TypeAlias = int
 IntoTime: TypeAlias = int
+
+#: The columns every output row carries: its into time, and its from time (encoded partition, offset).
+INTO_TS = "_into_ts"
+PARTITION = "_partition"
+OFFSET = "_offset"
 
 #: The offset a closed frontier reports for every partition: above any int64 source offset.
 MAX_OFFSET: Offset = 2**63 - 1

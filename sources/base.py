@@ -37,7 +37,7 @@ from typing import Literal, Protocol, runtime_checkable
 import pyarrow as pa
 
 from reclock.errors import ReclockError
-from reclock.time import Frontier, Offset, Partition
+from reclock.time import OFFSET, PARTITION, Frontier, Offset, Partition
 
 __all__ = [
     "ERRORS",
@@ -62,7 +62,7 @@ Envelope = Literal["append", "upsert", "debezium"]
 ERRORS = "_errors"
 
 #: Columns every batch from :meth:`Source.read` carries besides the output's own.
-LINEAGE_FIELDS = (pa.field("_partition", pa.string(), nullable=False), pa.field("_offset", pa.int64(), nullable=False))
+LINEAGE_FIELDS = (pa.field(PARTITION, pa.string(), nullable=False), pa.field(OFFSET, pa.int64(), nullable=False))
 
 #: Longest ``message`` a reader writes to :data:`ERRORS`: a problem quoting a huge value stays readable.
 MAX_MESSAGE = 500
