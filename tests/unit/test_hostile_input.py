@@ -1,4 +1,4 @@
-"""Hostile input: every decoder of sources/decode.py under generated garbage, never losing a record.
+"""Hostile input: every decoder of sources/decode/ under generated garbage, never losing a record.
 
 Values mix the nastiest things a topic can hold: non-finite and out-of-range numbers
 (``Infinity``, ``NaN``, ``1e400``, CSV ``inf``), invalid UTF-8 and escaped lone surrogates,

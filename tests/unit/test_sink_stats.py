@@ -38,7 +38,7 @@ TEXT = st.one_of(st.sampled_from(["", "x" * 100_000, "\u0000", "é\U0001f600", "
 DECIMALS = st.decimals(min_value=-(10**36) + 1, max_value=10**36 - 1, places=2, allow_nan=False, allow_infinity=False)
 TIMESTAMPS = st.datetimes(min_value=dt.datetime(1, 1, 1), max_value=dt.datetime(9999, 12, 31, 23, 59, 59))
 
-#: (Arrow type, values) for every type a decoder can hand the sink (see sources/decode.py, files.py).
+#: (Arrow type, values) for every type a decoder can hand the sink (see sources/decode/ and sources/files/).
 COLUMN_TYPES: dict[str, tuple[pa.DataType, st.SearchStrategy]] = {
     "int32": (pa.int32(), st.integers(-(2**31), 2**31 - 1)),
     "int64": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
