@@ -61,10 +61,9 @@ def readable_upper(lake: str | Path | Lake, pipelines: str | list[str]) -> IntoT
 
 def read_as_of(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[str, pa.Table]:
     """Every output of ``pipeline`` (``_errors`` included) as of ``as_of``, as Arrow tables."""
-    lake, versions = _plan(lake, pipeline, as_of)
+    tables = _plan(lake, pipeline, as_of)
     out = {}
-    for output, version in versions.items():
-        table = _at(lake.output_path(pipeline, output), version)
+    for output, table in tables.items():
         try:
             out[output] = read_table(table, filters=[(INTO_TS, "<=", as_of)])
         except FileNotFoundError:
@@ -79,10 +78,9 @@ def read_as_of_spark(
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    lake, versions = _plan(lake, pipeline, as_of)
+    tables = _plan(lake, pipeline, as_of)
     out = {}
-    for output, version in versions.items():
-        table = _at(lake.output_path(pipeline, output), version)
+    for output, table in tables.items():
         schema = pa.schema(table.schema().to_arrow())
         uris = table.file_uris()
         if not all(Path(uri).exists() for uri in uris):
@@ -93,27 +91,25 @@ def read_as_of_spark(
     return out
 
 
-def _plan(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> tuple[Lake, dict[str, int | None]]:
-    """Per output, the version to read: ``None`` (the latest) for an append output."""
+def _plan(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[str, DeltaTable]:
+    """Per output, the snapshot to read: the latest for an append output, else the version that
+    first reached ``as_of``."""
     lake = lake if isinstance(lake, Lake) else Lake.at(lake)
     upper = readable_upper(lake, pipeline)
     if as_of >= upper:
         raise ValueError(f"pipeline {pipeline!r}: no consistent cut at {as_of} yet; readable upper is {upper}")
-    versions: dict[str, int | None] = {}
+    tables: dict[str, DeltaTable] = {}
     for output in lake.outputs(pipeline):
         path = lake.output_path(pipeline, output)
-        if DeltaTable(str(path)).metadata().configuration.get(ENVELOPE) == "append":
-            versions[output] = None
-        else:
-            version = _first_version_reaching(path, sink_id(pipeline, output), as_of)
-            if version is None:
-                raise _vacuumed(pipeline, output, as_of)
-            versions[output] = version
-    return lake, versions
-
-
-def _at(path: Path, version: int | None) -> DeltaTable:
-    return DeltaTable(str(path)) if version is None else DeltaTable(str(path), version=version)
+        latest = DeltaTable(str(path))
+        if latest.metadata().configuration.get(ENVELOPE) == "append":
+            tables[output] = latest
+            continue
+        version = _first_version_reaching(path, sink_id(pipeline, output), as_of)
+        if version is None:
+            raise _vacuumed(pipeline, output, as_of)
+        tables[output] = DeltaTable(str(path), version=version)
+    return tables
 
 
 def _vacuumed(pipeline: str, output: str, as_of: IntoTime) -> ValueError:
