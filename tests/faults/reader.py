@@ -64,6 +64,15 @@ class DeltaLog:
             complete = checkpoints and set(range(checkpoints[-1] + 1)) <= set(commits)
             if checkpoints and (self.from_checkpoint or not complete):
                 self._load_checkpoint(log, checkpoints[-1], names)
+        newer = [c for c in commits if c > self.version]
+        if self.version >= 0 and newer and newer[0] != self.version + 1:
+            # Cleanup removed commits this reader had not read yet, below a newer checkpoint: a
+            # real reader reloads from that checkpoint. Without one, the gap is a broken table.
+            checkpoints = sorted({int(m.group(1)) for m in map(_CHECKPOINT.match, names) if m})
+            ahead = [c for c in checkpoints if self.version < c and c + 1 >= newer[0]]
+            if ahead:
+                self.files, self.txns = {}, {}
+                self._load_checkpoint(log, ahead[-1], names)
         for version in commits:
             if version <= self.version:
                 continue

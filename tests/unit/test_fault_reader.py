@@ -75,6 +75,18 @@ def test_an_interrupted_log_cleanup_reads_from_the_checkpoint_and_a_later_gap_st
         DeltaLog(path).refresh()
 
 
+def test_a_reader_left_behind_by_log_cleanup_catches_up_from_the_newer_checkpoint(tmp_path):
+    path = tmp_path / "t"
+    _append(path, [0], label=0)
+    log = DeltaLog(path).refresh()  # a watcher that read version 0, then fell behind
+    for i in range(1, 4):
+        _append(path, [i], label=i)
+    DeltaTable(str(path)).create_checkpoint()  # at version 3
+    _append(path, [4], label=4)
+    (path / "_delta_log" / f"{1:020d}.json").unlink()  # cleanup below the checkpoint
+    assert sorted(read_rows(log.refresh())["id"].to_pylist()) == [0, 1, 2, 3, 4] and label_of(log, "app") == 4
+
+
 @settings(max_examples=25, deadline=None)
 @given(binding_lists(max_size=6), st.lists(st.tuples(partitions, st.integers(0, 40)), max_size=20))
 def test_the_restated_reclock_rule_agrees_with_bindings_on_a_real_remap_table(tmp_path_factory, bindings, probes):
