@@ -85,7 +85,7 @@ class LocalDataPlane:
     """Runs every split in the driver process: no per-job cost, no parallelism."""
 
     def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
-        return [run_split(plan, split) for split in splits]
+        return run_splits(plan, list(splits))
 
 
 class SparkDataPlane:
@@ -121,7 +121,24 @@ def _pack(splits: Sequence[Split], bins: int) -> list[list[Split]]:
 
 
 def _run_group(plan: BatchPlan, group: list[Split]) -> list[SplitResult]:
-    return [run_split(plan, split) for split in group]
+    return run_splits(plan, group)
+
+
+def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
+    """One task's splits, read inside the source's :meth:`~sources.base.Source.reading`, so the
+    source can share work between them. If opening it fails, every split fails with that error."""
+    reading = getattr(plan.source, "reading", None)
+    started = time.time()
+    try:
+        with reading(splits) if reading is not None else contextlib.nullcontext():
+            return [run_split(plan, split) for split in splits]
+    except Exception as exc:
+        took = int((time.time() - started) * 1000)
+        kind, error = classify(exc), describe(exc)
+        return [
+            SplitResult(split, started_ms=int(started * 1000), duration_ms=took, error=error, error_kind=kind)
+            for split in splits
+        ]
 
 
 class AutoDataPlane:

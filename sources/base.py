@@ -30,7 +30,9 @@ its coordinates so that it is never silently lost, or raises :class:`RecordError
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -137,6 +139,11 @@ class Source(Protocol):
         records go to :data:`ERRORS` at their coordinates. The same split reads the same rows."""
         ...
 
+    def reading(self, splits: Sequence[Split]) -> AbstractContextManager[None]:
+        """Opened around the reads of one task's ``splits``: a source may share work between
+        them (the Kafka source fetches all their partitions in shared requests)."""
+        ...
+
     def commit(self, frontier: Frontier) -> None:
         """Advisory: every output holds everything below ``frontier`` (a Kafka group commit)."""
         ...
@@ -173,6 +180,10 @@ class SourceBase:
                 out.append(Split(partition, start, stop))
                 start = stop
         return out
+
+    def reading(self, splits: Sequence[Split]) -> AbstractContextManager[None]:
+        """Nothing shared between the reads of a task by default."""
+        return contextlib.nullcontext()
 
     def commit(self, frontier: Frontier) -> None:
         """Advisory; nothing to tell by default."""

@@ -37,6 +37,7 @@ from reclock.sources.decode.avro import decode_avro, reading_schema
 from reclock.sources.decode.isolate import Rejected, bisect, isolate, rejecting
 from reclock.sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, all_good, empty_batch
 from reclock.sources.decode.screening import csv_screen, json_screen
+from reclock.sources.decode.values import Values
 
 __all__ = ["FORMATS", "Decoder", "Format"]
 
@@ -85,7 +86,7 @@ class Decoder:
     def _decode(self, values: Sequence[bytes | None], faults: list[RecordFault]) -> Decoded:
         try:
             if self.format == "bytes":
-                return all_good(pa.RecordBatch.from_arrays([pa.array(values, pa.binary())], schema=self.schema))
+                return all_good(pa.RecordBatch.from_arrays([_binary(values)], schema=self.schema))
             if self.format == "text":
                 return self._decode_text(values, faults)
             if self.format == "avro":
@@ -97,7 +98,7 @@ class Decoder:
     # -- text -----------------------------------------------------------------------------------
 
     def _decode_text(self, values: Sequence[bytes | None], faults: list[RecordFault]) -> Decoded:
-        raw = pa.array(values, pa.binary())
+        raw = _binary(values)
         try:
             column = raw.cast(pa.string())
         except (pa.ArrowInvalid, UnicodeDecodeError):
@@ -249,8 +250,17 @@ class _FailFast(list):  # type: ignore[type-arg]
         raise _Stop(fault)
 
 
+def _binary(values: Sequence[bytes | None]) -> pa.Array:
+    return values.to_arrow() if isinstance(values, Values) else pa.array(values, pa.binary())
+
+
 def _clean_join(values: Sequence[bytes | None], is_json: bool) -> bytes | None:
     """``values`` joined by newlines if none needs the slow path of step 1, else ``None``."""
+    if isinstance(values, Values):
+        joined = values.joined()
+        if joined is not None and is_json and not (values.first_bytes() == _OPEN_BRACE).all():
+            return None
+        return joined
     if not values or None in values:
         return None
     joined = b"\n".join(values)  # type: ignore[arg-type]

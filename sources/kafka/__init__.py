@@ -1,4 +1,4 @@
-"""Kafka source: exact offset ranges of topic partitions, read with kafka-python.
+"""Kafka source: exact offset ranges of topic partitions, read with kafka-python's connections.
 
 A partition id is ``(topic, partition)`` and an offset is Kafka's own, so a :class:`Frontier` of
 this source says, per partition, the first offset not yet complete. Each topic routes to one
@@ -17,8 +17,11 @@ The stages, in the design's words, one module each:
   positions.
 * **split** (:mod:`~sources.kafka.splits`, :meth:`KafkaSource.splits`, driver): ``[max(lower,
   start position), upper)`` per partition, cut at ``max_split_offsets``; offsets lost to retention.
-* **read** (:mod:`~sources.kafka.reader`, :meth:`KafkaSource.read`, Spark task): a fresh consumer
-  reads exactly ``[start, end)`` and shapes the records into output and errors batches of at most
+* **fetch** (:mod:`~sources.kafka.fetcher`, :meth:`KafkaSource.reading`, Spark task): every
+  partition of a task's splits in shared fetch requests, on a client pooled per process; record
+  batches parsed into columns by :mod:`~sources.kafka.batches`.
+* **read** (:mod:`~sources.kafka.reader`, :meth:`KafkaSource.read`, Spark task): exactly
+  ``[start, end)`` of one split, shaped into output and errors batches of at most
   :attr:`KafkaSource.flush_rows` rows.
 * **commit** (:mod:`~sources.kafka.committer`, :meth:`KafkaSource.commit`, driver): the resume
   frontier goes to the consumer group ``group_id``; advisory.
@@ -36,7 +39,6 @@ the beginning there.
 from reclock.sources.kafka.clients import SourceTimeout
 from reclock.sources.kafka.config import METADATA_COLUMNS, KafkaRoute, output_name_for
 from reclock.sources.kafka.reader import OFFSET_LOST as OFFSET_LOST
-from reclock.sources.kafka.reader import _Buffer as _Buffer
 from reclock.sources.kafka.source import KafkaSource
 from reclock.sources.kafka.splits import KafkaSplit
 

@@ -9,9 +9,12 @@ The settings are never logged or shown in ``repr``.
 
 Which client serves what, and why:
 
-* each **probe** and each **read** gets a fresh consumer: kafka-python keeps buffered and
-  in-flight fetch responses across ``unsubscribe``/``assign``, so a reused one can answer with an
-  earlier probe's high watermark or an earlier range's records;
+* each **probe** gets a fresh consumer: kafka-python keeps buffered and in-flight fetch
+  responses across ``unsubscribe``/``assign``, so a reused one can answer with an earlier
+  probe's high watermark;
+* **reads** borrow a client from a per-process pool (:func:`~sources.kafka.fetcher.lease`): the
+  fetcher sends its own fetch requests on the client's connections and never assigns it, so
+  nothing of an earlier read can leak into a later one;
 * low watermarks and timestamp lookups share one long-lived **probe client** on the driver, and
   offset commits one long-lived **commit client**; either is dropped (closed) after a failure and
   created again on next use, and neither is pickled, so the source can travel to Spark executors.
@@ -127,15 +130,15 @@ class KafkaClients:
                 raise SourceTimeout(f"kafka: cannot reach the brokers: {describe(exc)} ({self.where()})") from exc
             raise
 
-    def for_read(self, deadline: float, max_poll_records: int) -> Any:
-        """A fresh consumer for one split's read, with fetches sized for throughput."""
-        return self.consumer(
-            deadline=deadline,
-            max_poll_records=max_poll_records,
-            max_partition_fetch_bytes=16 << 20,
-            fetch_max_bytes=64 << 20,
-            fetch_max_wait_ms=100,
-        )
+    def for_fetch(self, deadline: float) -> Any:
+        """A client for the fetcher (:mod:`sources.kafka.fetcher`): never assigned, it only lends
+        its connections; responses may carry 8 MiB per partition, 64 MiB in all."""
+        return self.consumer(deadline=deadline, max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
+
+    def pool_key(self) -> tuple[Any, ...]:
+        """What makes two fetch clients interchangeable: the brokers and every user setting."""
+        servers = self.bootstrap_servers if isinstance(self.bootstrap_servers, str) else tuple(self.bootstrap_servers)
+        return (servers, tuple(sorted((k, repr(v)) for k, v in self.settings.items())))
 
     def for_probe(self) -> Any:
         """A consumer for one probe: creating one costs a few ms, the bootstrap rides on the

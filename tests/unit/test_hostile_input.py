@@ -22,12 +22,12 @@ from collections import Counter
 from collections.abc import Iterator
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kafka.consumer.fetcher import ConsumerRecord
 
 from reclock.dataplane import LocalDataPlane
 from reclock.persist.asof import read_as_of, readable_upper
@@ -35,7 +35,9 @@ from reclock.pipeline import Pipeline
 from reclock.settings import Settings
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Split, error_batch
 from reclock.sources.decode import Decoder, make_decoder
+from reclock.sources.decode.values import Values
 from reclock.sources.kafka import KafkaSource
+from reclock.sources.kafka.batches import Fetched
 from reclock.testing import MemorySource
 from reclock.time import encode_partition
 from tests.faults.reader import DeltaLog, Remap, read_rows
@@ -201,19 +203,15 @@ def test_a_decoder_never_raises_and_every_value_is_a_row_or_a_fault_exactly_once
 # -- 2. the Kafka source's shaping: coordinates -------------------------------------------------------
 
 
-def _records(topic: str, partition: int, offsets: list[int], values: list[bytes | None]) -> list[ConsumerRecord]:
-    return [
-        ConsumerRecord(topic, partition, 0, o, 1_000 + o, 0, None, v, [], None, -1, -1, -1)
-        for o, v in zip(offsets, values, strict=True)
-    ]
+def _records(offsets: list[int], values: list[bytes | None]) -> Fetched:
+    stamps = [1_000 + o for o in offsets]
+    return Fetched(np.asarray(offsets, np.int64), np.asarray(stamps, np.int64), None, Values.of(values), None, None)
 
 
 @pytest.mark.parametrize("fmt", list(DECODERS))
 @HOSTILE
 @given(data=st.data())
 def test_kafka_shaping_puts_every_offset_of_every_partition_in_the_output_or_in_errors_with_its_coordinates(fmt, data):
-    from reclock.sources.kafka import _Buffer
-
     _, values = DECODERS[fmt]
     options = {"json": {"schema": SCHEMA}, "csv": {"schema": SCHEMA}, "avro": {"avro_schema": AVRO}}.get(fmt, {})
     source = KafkaSource("127.0.0.1:1", topics=["t"], format=fmt, **options)
@@ -221,11 +219,9 @@ def test_kafka_shaping_puts_every_offset_of_every_partition_in_the_output_or_in_
         batch = data.draw(st.lists(values, max_size=10))
         gaps = data.draw(st.lists(st.integers(1, 3), min_size=len(batch), max_size=len(batch)))
         offsets = [sum(gaps[: i + 1]) for i in range(len(batch))]  # compacted topics have gaps
-        buf = _Buffer(source._route("t"))
-        buf.add(_records("t", kpart, offsets, batch))
         encoded = encode_partition(("t", kpart))
         landed: Counter = Counter()
-        for output, rb in source._shape(buf, encoded, "t", kpart):
+        for output, rb in source._shape(_records(offsets, batch), encoded, "t", kpart):
             assert output in ("t", ERRORS)
             assert set(rb.column("_partition").to_pylist()) <= {encoded}
             landed.update(rb.column("_offset").to_pylist())

@@ -1,0 +1,273 @@
+"""Fetching: the raw record bytes of many partitions per request, from a client reused across
+splits and batches.
+
+Reading through ``KafkaConsumer.poll`` cost a client, an assign, a seek and a fetch per split
+(about 30 ms a partition, so 1,000 partitions took 31.7 s) and a Python object per record. Here
+a task's :class:`Fetcher` holds every split of the task at once:
+
+* one ``FetchRequest`` per leader asks for every partition the task still needs (up to
+  ``max_partition_bytes`` each), so a thousand small partitions cost a few round trips;
+* the response's record bytes go to :func:`~sources.kafka.batches.parse` as they are: no
+  per-record object, CRC-32C checked per batch;
+* partitions fetched ahead of the split being read wait in a buffer capped at
+  ``buffer_bytes``; a partition whose buffer is full is not asked for until it drains;
+* the client comes from a per-process pool (:func:`lease`): a Spark Python worker serves many
+  tasks and keeps its connections, as Spark's own Kafka source caches its consumers.
+
+The client is a ``KafkaConsumer`` built by :class:`~sources.kafka.clients.KafkaClients` (so
+SASL, SSL and every user setting apply), never assigned: its fetcher stays idle, and the requests
+are sent on its connection manager. That manager is kafka-python's (``_client``); the version
+range in ``pyproject.toml`` pins the API, and ``tests/unit/test_kafka_fetcher.py`` fails loudly
+if a release moves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from reclock.sources.kafka.batches import Fetched, parse
+from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, close_client, is_transient
+
+__all__ = ["Fetcher", "OffsetLost", "lease"]
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+
+_OFFSET_OUT_OF_RANGE = 1
+#: Errors that mean "ask again after a metadata refresh": leadership moved, or metadata is stale.
+_RETRY_AFTER_METADATA = frozenset({3, 5, 6, 74, 75, 100})  # unknown partition, no leader, not leader, epochs, id
+
+
+#: The smallest fetch asked for a partition.
+_LEAST_BYTES = 64 << 10
+
+
+class OffsetLost(Exception):
+    """The broker no longer holds the offset asked for (retention deleted it)."""
+
+    def __init__(self, partition: Partition, offset: int) -> None:
+        super().__init__(f"offset {offset} of {partition[0]}[{partition[1]}] is out of range")
+        self.partition = partition
+        self.offset = offset
+
+
+_POOL: dict[Any, list[Any]] = defaultdict(list)
+_POOL_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def lease(clients: KafkaClients, deadline: float) -> Iterator[Any]:
+    """A read client from this process's pool (made if none is idle), returned after use; a
+    client that failed is closed instead, so a broken connection is never handed out again."""
+    key = clients.pool_key()
+    with _POOL_LOCK:
+        client = _POOL[key].pop() if _POOL[key] else None
+    if client is None:
+        client = clients.for_fetch(deadline)
+    try:
+        yield client
+    except BaseException:
+        close_client(client)
+        raise
+    with _POOL_LOCK:
+        _POOL[key].append(client)
+
+
+@dataclass
+class _Want:
+    position: int
+    end: int
+    chunks: deque[Fetched] = field(default_factory=deque)
+    buffered: int = 0
+    high_watermark: int = -1
+    bytes_per_offset: float = 512.0  # learnt from each fetch
+
+    def ask_bytes(self, most: int) -> int:
+        """Enough bytes for the rest of the range, and no more: a short read must not fetch a whole
+        8 MiB response (a broker still sends one whole batch if it is larger; some brokers, Tansu
+        among them, send more, which :func:`~sources.kafka.batches.parse` then leaves unparsed)."""
+        return int(min(most, max(_LEAST_BYTES, (self.end - self.position) * self.bytes_per_offset * 1.1)))
+
+
+class Fetcher:
+    """Fetches every partition of a task's splits; :meth:`chunks` hands out one partition's
+    records in offset order, from ``start`` to ``end``, fetching as needed."""
+
+    def __init__(
+        self,
+        client: Any,
+        clients: KafkaClients,
+        ranges: Sequence[tuple[Partition, int, int]],
+        *,
+        keys: bool,
+        headers: bool,
+        max_partition_bytes: int = 8 << 20,
+        buffer_bytes: int = 128 << 20,
+    ) -> None:
+        self._client = client
+        self._clients = clients
+        self._keys = keys
+        self._headers = headers
+        self._max_partition_bytes = max_partition_bytes
+        self._buffer_bytes = buffer_bytes
+        self._wants: dict[Partition, _Want] = {}
+        #: Records parsed so far (fetched records past a range's end are never parsed).
+        self.records_parsed = 0
+        for partition, start, end in ranges:
+            if end > start:
+                self._wants[partition] = _Want(start, end)
+        topics = {topic for topic, _ in self._wants}
+        for topic in sorted(topics):
+            client.partitions_for_topic(topic)  # metadata, once per topic and client
+
+    def chunks(self, partition: Partition, start: int, deadline_s: float) -> Iterator[Fetched]:
+        """Records of ``partition`` from ``start`` until the range registered for it is fetched.
+
+        Raises :class:`OffsetLost` if the broker no longer holds the position,
+        :class:`SourceTimeout` if no progress is made for ``deadline_s`` seconds."""
+        want = self._wants.get(partition)
+        if want is None:
+            return
+        if want.position < start:
+            want.position = start
+        deadline = time.monotonic() + deadline_s
+        while want.chunks or want.position < want.end:
+            if want.chunks:
+                chunk = want.chunks.popleft()
+                want.buffered -= chunk.values.data.nbytes
+                deadline = time.monotonic() + deadline_s
+                yield chunk
+                continue
+            if time.monotonic() > deadline:
+                raise SourceTimeout(
+                    f"kafka read of {partition[0]}[{partition[1]}] made no progress for {deadline_s}s at "
+                    f"offset {want.position} (high watermark {want.high_watermark}; {self._clients.where()})"
+                )
+            self._fetch(partition, deadline)
+        del self._wants[partition]
+
+    def skip_to(self, partition: Partition, offset: int) -> None:
+        """Continue ``partition`` at ``offset`` (after an :class:`OffsetLost`); drops its buffer."""
+        want = self._wants[partition]
+        want.position = offset
+        want.chunks.clear()
+        want.buffered = 0
+
+    # -- one round of requests ------------------------------------------------------------------
+
+    def _fetch(self, needed: Partition, deadline: float) -> None:
+        """One fetch per leader for ``needed`` and every other partition with room in its buffer."""
+        from kafka import TopicPartition
+
+        cluster = self._client._client.cluster
+        total = sum(w.buffered for w in self._wants.values())
+        by_leader: dict[int, list[tuple[Partition, int, int]]] = defaultdict(list)
+        for partition, want in self._wants.items():
+            if want.position >= want.end or (partition != needed and total >= self._buffer_bytes):
+                continue
+            if partition != needed and want.buffered >= self._max_partition_bytes:
+                continue
+            leader = cluster.leader_for_partition(TopicPartition(*partition))
+            if leader is None or leader < 0:
+                self._refresh(deadline)
+                return
+            by_leader[leader].append((partition, want.position, want.ask_bytes(self._max_partition_bytes)))
+        for leader, asks in by_leader.items():
+            self._request(leader, asks, deadline)
+
+    def _request(self, leader: int, asks: list[tuple[Partition, int, int]], deadline: float) -> None:
+        from kafka.errors import for_code
+        from kafka.protocol.consumer import FetchRequest
+
+        topics: dict[str, list[Any]] = defaultdict(list)
+        for (topic, index), offset, size in asks:
+            topics[topic].append(
+                _PARTITION(
+                    partition=index,
+                    current_leader_epoch=-1,
+                    fetch_offset=offset,
+                    last_fetched_epoch=-1,
+                    partition_max_bytes=size,
+                )
+            )
+        request = FetchRequest(
+            max_wait_ms=100,
+            min_bytes=1,
+            max_bytes=64 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=[_TOPIC(topic=t, partitions=p) for t, p in topics.items()],
+            forgotten_topics_data=[],
+            rack_id="",
+            min_version=4,
+            max_version=12,
+        )
+        manager = self._client._client._manager
+        try:
+            response = manager.run(lambda: manager.send(request, node_id=leader))
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            # A lost connection or a timeout: the caller asks again until its deadline, then
+            # reports how far the read got.
+            log.debug("kafka fetch from node %s failed: %s", leader, exc)
+            self._refresh(deadline)
+            return
+        refresh = False
+        for topic_data in response.responses:
+            for data in topic_data.partitions:
+                partition = (topic_data.topic, data.partition_index)
+                want = self._wants.get(partition)
+                if want is None:
+                    continue
+                want.high_watermark = data.high_watermark
+                if data.error_code == _OFFSET_OUT_OF_RANGE:
+                    raise OffsetLost(partition, want.position)
+                if data.error_code in _RETRY_AFTER_METADATA:
+                    refresh = True
+                    continue
+                if data.error_code:
+                    raise for_code(data.error_code)(f"fetch of {partition[0]}[{partition[1]}]")
+                if not data.records:
+                    continue
+                fetched = parse(data.records, keys=self._keys, headers=self._headers, until=want.end)
+                self.records_parsed += len(fetched)
+                if fetched.next_offset is None:
+                    continue
+                if fetched.next_offset > want.position:
+                    want.bytes_per_offset = len(data.records) / (fetched.next_offset - want.position)
+                want.position = max(want.position, fetched.next_offset)
+                if len(fetched):
+                    want.chunks.append(fetched)
+                    want.buffered += fetched.values.data.nbytes
+        if refresh:
+            self._refresh(deadline)
+
+    def _refresh(self, deadline: float) -> None:
+        """A metadata update (leaders moved), waited for until ``deadline``."""
+        manager = self._client._client._manager
+        try:
+            manager.run(manager.cluster.refresh_metadata)
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            log.debug("kafka metadata refresh failed: %s", exc)
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def _fetch_types() -> tuple[Any, Any]:
+    from kafka.protocol.consumer import FetchRequest
+
+    return FetchRequest.FetchTopic, FetchRequest.FetchTopic.FetchPartition
+
+
+_TOPIC, _PARTITION = _fetch_types()
