@@ -244,7 +244,7 @@ _STYLES = {
 
 def _plot(timelines: dict[str, list[tuple[float, int]]], total: int) -> str:
     """One run per contender (its median run): rows committed (or counted) against time."""
-    fig, ax = figure(width=7.5, height=4.4)
+    fig, ax = figure(width=10, height=4.4)
     for name, style in _STYLES.items():
         if name not in timelines:
             continue
@@ -255,7 +255,7 @@ def _plot(timelines: dict[str, list[tuple[float, int]]], total: int) -> str:
     ax.set_xlabel("seconds since the contender started (median run of each)")
     ax.set_ylabel("thousand rows")
     ax.set_title(f"Kafka to Delta, {total:,} JSON records, 2 topics x {PARTITIONS} partitions")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     ax.grid(alpha=0.3)
     return save_figure(fig, "kafka_e2e.png")
 

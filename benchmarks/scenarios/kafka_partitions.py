@@ -137,6 +137,7 @@ def _plot(rates: dict[str, float], total: int, wide: str, narrow: str) -> str:
     ax.set_xticks(range(len(PLANES)), [f"reclock, {p}" for p in PLANES])
     ax.set_ylabel("thousand rows per second (median run)")
     ax.set_title(f"{total:,} JSON records in few or many partitions (partitions x records)")
-    ax.legend(fontsize=8)
+    ax.margins(y=0.3)
+    ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, axis="y")
     return save_figure(fig, "kafka_partitions.png")
