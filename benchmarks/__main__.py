@@ -14,7 +14,7 @@ import time
 
 from benchmarks.harness import write_report
 
-SCENARIOS = ["stamping", "kafka_e2e", "freshness", "resume", "files", "memory", "growth"]
+SCENARIOS = ["stamping", "kafka_e2e", "kafka_partitions", "freshness", "resume", "files", "memory", "growth"]
 
 
 def main(argv: list[str] | None = None) -> int:

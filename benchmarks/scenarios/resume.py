@@ -13,9 +13,11 @@ again and we read, from the output tables' Delta logs (commit log file mtimes):
 Both are reported against the start-up time of a bare Spark session measured in the same run
 (a fresh process until ``SparkSession`` is ready, the same ``local[2]`` settings), the floor any
 Spark-based job pays on restart. The first job's warm-up (JVM code paths, the first Python
-worker) is measured too, because a restarted job pays it before its first commit as well. Target:
-time to first commit <= 2 x session start-up. The run also checks exactly-once: every generated
-record is in its output exactly once.
+worker) is measured too, because a restarted job pays it before its first commit as well. Target
+(issue 14): time to first commit <= 0.3 x session start-up, which a job can only meet by committing
+its first batches before its own session is ready (in the driver, the session starting in the
+background); issue 14 also asks for <= 2 s on a warm machine, shown in the detail. The run also
+checks exactly-once: every generated record is in its output exactly once.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from benchmarks.common import (
 from benchmarks.harness import Ratio, ScenarioResult
 
 __all__ = ["run"]
+
+#: Time to first commit after a restart / a bare session's start-up. It was 2 until issue 14 (measured
+#: 1.21 in the quick run of 2026-11-22), which asks for a restart that does not wait for Spark.
+FIRST_COMMIT_TARGET = 0.3
 
 _SESSION_PROBE = """
 import sys, time
@@ -74,9 +80,10 @@ def run(full: bool = False) -> ScenarioResult:
         Ratio(
             "time to first commit after restart / Spark session start-up",
             first / session,
-            2.0,
+            FIRST_COMMIT_TARGET,
             lower_is_better=True,
-            detail=f"{first:.1f} s vs {session:.1f} s (first job warm-up {median(first_job_s):.1f} s)",
+            detail=f"{first:.1f} s vs {session:.1f} s (first job warm-up {median(first_job_s):.1f} s; "
+            f"issue 14 asks <= 2 s)",
         )
     )
     result.ratios.append(

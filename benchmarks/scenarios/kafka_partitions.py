@@ -1,0 +1,143 @@
+"""Scenario: partition scale. The same number of records in many small partitions or a few big ones.
+
+Topics of hundreds or thousands of partitions are ordinary in production Kafka, and a reader that
+pays a fixed cost per partition (a client, an assign, a seek, a fetch per split) lands them far
+slower than the same records in a few partitions. Two topics hold the same JSON events (about 100
+bytes each), produced once before anything is timed, with librdkafka's producer:
+
+* **wide**: one topic of 1,000 partitions x 100 records (x 500 with ``--full``);
+* **narrow**: one topic of 10 partitions x 10,000 records (x 50,000 with ``--full``).
+
+reclock lands each into a fresh lake on both data planes (Spark ``local[2]``, and in the driver),
+stepping until every record is committed (:func:`benchmarks.landing.land`), checked from the
+outputs' Delta logs; the four contenders alternate run by run. Target, per plane: rows/s of wide
+/ rows/s of narrow >= 0.5 (issue 14: one fetch request serves many partitions, clients are pooled,
+splits group partitions). Creating the 1,000-partition topic on the embedded broker and producing
+into it are timed too, as set-up facts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from benchmarks.common import (
+    alternate,
+    broker,
+    create_topics,
+    figure,
+    load_average,
+    median,
+    save_figure,
+    spark,
+    tree_cpu_seconds,
+)
+from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.landing import land, produce_librdkafka
+
+__all__ = ["run"]
+
+#: ``name: (partitions, records per partition)`` at the quick size; ``--full`` has 5x the records.
+SHAPES = {"wide": (1_000, 100), "narrow": (10, 10_000)}
+PLANES = ("spark", "in-driver")
+
+
+def run(full: bool = False) -> ScenarioResult:
+    from reclock.dataplane import LocalDataPlane, SparkDataPlane
+
+    scale = 5 if full else 1
+    runs = 5 if full else 3
+    result = ScenarioResult("kafka_partitions")
+    bootstrap = broker().bootstrap
+    tag = os.urandom(3).hex()
+    topics: dict[str, str] = {}
+    ends: dict[str, dict[int, int]] = {}
+    setup: dict[str, dict[str, float]] = {}
+    for shape, (partitions, per_partition) in SHAPES.items():
+        topics[shape] = f"{shape}_{tag}"
+        t0 = time.monotonic()
+        create_topics(bootstrap, [topics[shape]], partitions)
+        created = time.monotonic() - t0
+        ends[shape] = produce_librdkafka(bootstrap, topics[shape], partitions * per_partition * scale, partitions)
+        setup[shape] = {"create_topic_s": round(created, 3), "produce_s": round(time.monotonic() - t0 - created, 2)}
+    records = {shape: sum(parts.values()) for shape, parts in ends.items()}
+    assert len(set(records.values())) == 1, f"the shapes hold different totals: {records}"
+    total = records["wide"]
+    planes = {"spark": SparkDataPlane(spark()), "in-driver": LocalDataPlane()}
+
+    counter = iter(range(1_000_000))
+    steps: dict[str, list[int]] = {}
+    cpu: dict[str, list[float]] = {}
+
+    def contender(plane: str, shape: str) -> Any:
+        def call() -> float:
+            before = tree_cpu_seconds()
+            landing = land(
+                planes[plane], bootstrap, [topics[shape]], {topics[shape]: ends[shape]}, f"p-{next(counter)}"
+            )
+            cpu.setdefault(f"{plane}, {shape}", []).append(tree_cpu_seconds() - before)
+            steps.setdefault(f"{plane}, {shape}", []).append(landing.steps)
+            return landing.seconds
+
+        return call
+
+    times = alternate({f"{p}, {s}": contender(p, s) for p in PLANES for s in SHAPES}, runs)
+    rates = {name: total / median(secs) for name, secs in times.items()}
+    wide, narrow = (f"{SHAPES[s][0]:,} x {SHAPES[s][1] * scale:,}" for s in ("wide", "narrow"))
+    for plane in PLANES:
+        result.ratios.append(
+            Ratio(
+                f"{plane}: rows/s of {wide} / rows/s of {narrow} (partitions x records)",
+                rates[f"{plane}, wide"] / rates[f"{plane}, narrow"],
+                0.5,
+                detail=f"{rates[f'{plane}, wide']:,.0f} vs {rates[f'{plane}, narrow']:,.0f} rows/s, "
+                f"{median(times[f'{plane}, wide']):.1f} vs {median(times[f'{plane}, narrow']):.1f} s "
+                f"for {total:,} records",
+            )
+        )
+    result.measurements.update(
+        records=total,
+        shapes={s: {"partitions": p, "records_per_partition": n * scale} for s, (p, n) in SHAPES.items()},
+        setup=setup,
+        runs=runs,
+        seconds={name: [round(s, 3) for s in secs] for name, secs in times.items()},
+        rows_per_second={name: round(r) for name, r in rates.items()},
+        steps=steps,
+        cpu_seconds={name: [round(c, 2) for c in values] for name, values in cpu.items()},
+        rows_per_cpu_second={name: round(total / median(values)) for name, values in cpu.items()},
+        load_average=load_average(),
+    )
+    result.notes.append(
+        f"set-up: creating the {SHAPES['wide'][0]:,}-partition topic took {setup['wide']['create_topic_s']:.2f} s, "
+        f"producing into it {setup['wide']['produce_s']:.1f} s"
+    )
+    result.plots.append(_plot(rates, total, wide, narrow))
+    return result
+
+
+def _plot(rates: dict[str, float], total: int, wide: str, narrow: str) -> str:
+    """Rows per second per plane, wide next to narrow, with the target line at half of narrow."""
+    fig, ax = figure()
+    width = 0.38
+    for i, plane in enumerate(PLANES):
+        for j, (shape, label) in enumerate((("narrow", narrow), ("wide", wide))):
+            value = rates[f"{plane}, {shape}"] / 1e3
+            bar = ax.bar(i + (j - 0.5) * width, value, width, color=f"C{j}", label=label if i == 0 else None)
+            ax.bar_label(bar, fmt="%.1f", fontsize=8)
+        half = rates[f"{plane}, narrow"] / 2e3
+        ax.hlines(
+            half,
+            i - width,
+            i + width,
+            colors="grey",
+            linestyles="--",
+            label="target: half of narrow" if i == 0 else None,
+        )
+    ax.set_xticks(range(len(PLANES)), [f"reclock, {p}" for p in PLANES])
+    ax.set_ylabel("thousand rows per second (median run)")
+    ax.set_title(f"{total:,} JSON records in few or many partitions (partitions x records)")
+    ax.margins(y=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
+    return save_figure(fig, "kafka_partitions.png")
