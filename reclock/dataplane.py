@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +40,8 @@ from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AutoDataPlane", "BatchPlan", "DataPlane", "LocalDataPlane", "SparkDataPlane", "SplitResult", "run_split"]
 
@@ -125,20 +128,15 @@ def _run_group(plan: BatchPlan, group: list[Split]) -> list[SplitResult]:
 
 
 def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
-    """One task's splits, read inside the source's :meth:`~sources.base.Source.reading`, so the
-    source can share work between them. If opening it fails, every split fails with that error."""
-    reading = getattr(plan.source, "reading", None)
-    started = time.time()
-    try:
-        with reading(splits) if reading is not None else contextlib.nullcontext():
-            return [run_split(plan, split) for split in splits]
-    except Exception as exc:
-        took = int((time.time() - started) * 1000)
-        kind, error = classify(exc), describe(exc)
-        return [
-            SplitResult(split, started_ms=int(started * 1000), duration_ms=took, error=error, error_kind=kind)
-            for split in splits
-        ]
+    """One task's splits: as one stream if the source reads groups (``read_group``), else split
+    by split. A group that fails is read again split by split, so the results name exactly the
+    splits that fail (the pipeline may skip those ranges, and must not skip the others)."""
+    read_group = getattr(plan.source, "read_group", None)
+    if read_group is not None and len(splits) > 1:
+        results = run_group(plan, splits, read_group)
+        if results is not None:
+            return results
+    return [run_split(plan, split) for split in splits]
 
 
 class AutoDataPlane:
@@ -164,45 +162,90 @@ class AutoDataPlane:
 def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
     started = time.time()
+    task = _Task(plan)
     stats = {"rows": 0, "bytes_read": 0, "earliest": None, "latest": None}
-    files: list[DataFile] = []
     try:
-        _run_split(plan, split, files, stats)
+        partition = encode_partition(split.partition)
+        for output, batch in plan.source.read(split):
+            stats["bytes_read"] += batch.nbytes
+            if batch.num_rows:
+                offsets = batch.column(OFFSET)
+                lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+                stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
+                stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
+            landed = task.land(output, batch, partition, f"split {split!r}")
+            stats["rows"] += landed.num_rows if landed is not None else 0
+        files = task.finish()
     except Exception as exc:
-        for f in files:
-            _unlink(os.path.join(plan.roots[f.output], f.path))
-        return SplitResult(
-            split,
-            started_ms=int(started * 1000),
-            duration_ms=int((time.time() - started) * 1000),
-            error=describe(exc),
-            error_kind=classify(exc),
-        )
+        task.discard()
+        return _failed(split, started, exc)
     return SplitResult(
         split, files, started_ms=int(started * 1000), duration_ms=int((time.time() - started) * 1000), **stats
     )
 
 
-def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict) -> None:
-    partition = encode_partition(split.partition)
-    pending: dict[str, list[pa.Table]] = {}
-    counts: dict[str, int] = {}
-    for output, batch in plan.source.read(split):
-        stats["bytes_read"] += batch.nbytes
-        if batch.num_rows:
-            offsets = batch.column(OFFSET)
-            lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
-            stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
-            stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
+def run_group(
+    plan: BatchPlan, splits: list[Split], read_group: Callable[[list[Split]], Iterator[Any]]
+) -> list[SplitResult] | None:
+    """Read a task's splits as one stream whose batches span partitions (a source's
+    ``read_group``): one decode, one stamp and one file per output for many small partitions,
+    where one split at a time paid them per partition. Rows and offsets are still reported per
+    split (the files go with the first). ``None`` if it fails: its files are gone, and the
+    caller reads the splits one by one."""
+    started = time.time()
+    task = _Task(plan)
+    owners = _Owners(splits)
+    try:
+        for output, batch in read_group(splits):
+            owners.read(batch)
+            landed = task.land(output, batch, None, f"the task of {len(splits)} splits")
+            if landed is not None:
+                owners.landed(landed)
+        files = task.finish()
+    except Exception as exc:
+        task.discard()
+        log.info("a task of %d splits failed as a group (%s); reading them one by one", len(splits), exc)
+        return None
+    took = int((time.time() - started) * 1000)
+    return [
+        SplitResult(split, files if i == 0 else [], started_ms=int(started * 1000), duration_ms=took, **owners.stats(i))
+        for i, split in enumerate(splits)
+    ]
+
+
+def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
+    return SplitResult(
+        split,
+        started_ms=int(started * 1000),
+        duration_ms=int((time.time() - started) * 1000),
+        error=describe(exc),
+        error_kind=classify(exc),
+    )
+
+
+class _Task:
+    """What one task lands: stamped, filtered, shaped rows pending per output, flushed to a
+    parquet file every ``file_rows`` rows."""
+
+    def __init__(self, plan: BatchPlan) -> None:
+        self.plan = plan
+        self.pending: dict[str, list[pa.Table]] = {}
+        self.counts: dict[str, int] = {}
+        self.files: list[DataFile] = []
+
+    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> pa.Table | None:
+        """Stamp, filter and shape ``batch``; the rows it adds to ``output`` (``None``: none).
+        ``partition`` is the partition every row should have, if the reader covers one."""
+        plan = self.plan
         schema = plan.schemas.get(output)
         if schema is None:
-            raise ContractError(f"source yielded rows for unknown output {output!r} from split {split!r}")
+            raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
         into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
         if len(into) and (into == UNBOUND).any():
-            raise ContractError(f"split {split!r} yielded a record no binding covers: reads must stay in their split")
+            raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
         keep = into >= plan.uppers[output]
         if not keep.any():
-            continue
+            return None
         envelope, key = plan.envelopes.get(output, ("append", ()))
         shaped = output_rows(_unwrap(batch, envelope, key), into, schema)
         if not keep.all():
@@ -211,25 +254,96 @@ def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict
             shaped, orphans = _split_null_keys(shaped, key, plan.schemas[ERRORS])
             orphans = orphans.filter(pc.greater_equal(orphans.column(INTO_TS), plan.uppers[ERRORS]))
             if orphans.num_rows:
-                pending.setdefault(ERRORS, []).append(orphans)
-                counts[ERRORS] = counts.get(ERRORS, 0) + orphans.num_rows
-        pending.setdefault(output, []).append(shaped)
-        counts[output] = counts.get(output, 0) + shaped.num_rows
-        stats["rows"] += shaped.num_rows
-        if counts[output] >= plan.file_rows:
-            files.append(_flush(plan, output, pending, counts))
-    files.extend(_flush(plan, output, pending, counts) for output in list(pending))
+                self._add(ERRORS, orphans)
+        self._add(output, shaped)
+        return shaped
+
+    def _add(self, output: str, table: pa.Table) -> None:
+        self.pending.setdefault(output, []).append(table)
+        self.counts[output] = self.counts.get(output, 0) + table.num_rows
+        if self.counts[output] >= self.plan.file_rows:
+            self.files.append(self._flush(output))
+
+    def _flush(self, output: str) -> DataFile:
+        table = pa.concat_tables(self.pending.pop(output))
+        self.counts.pop(output)
+        return write_data_file(self.plan.roots[output], output, table)
+
+    def finish(self) -> list[DataFile]:
+        self.files.extend(self._flush(output) for output in list(self.pending))
+        return self.files
+
+    def discard(self) -> None:
+        """Remove the files written so far: nothing of a failed task may be committed."""
+        for f in self.files:
+            _unlink(os.path.join(self.plan.roots[f.output], f.path))
+
+
+class _Owners:
+    """Per-split rows, bytes and offsets of batches that span many splits."""
+
+    def __init__(self, splits: list[Split]) -> None:
+        self.splits = splits
+        self.by_partition: dict[str, list[int]] = {}
+        for i, split in enumerate(splits):
+            self.by_partition.setdefault(encode_partition(split.partition), []).append(i)
+        self.rows = [0] * len(splits)
+        self.bytes = [0] * len(splits)
+        self.earliest: list[int | None] = [None] * len(splits)
+        self.latest: list[int | None] = [None] * len(splits)
+
+    def read(self, batch: pa.RecordBatch) -> None:
+        per_row = batch.nbytes / max(batch.num_rows, 1)
+        for i, offsets in self._owned(batch.column(PARTITION), batch.column(OFFSET)):
+            lo, hi = int(offsets.min()), int(offsets.max())
+            self.earliest[i] = lo if self.earliest[i] is None else min(self.earliest[i], lo)  # type: ignore[type-var]
+            self.latest[i] = hi if self.latest[i] is None else max(self.latest[i], hi)  # type: ignore[type-var]
+            self.bytes[i] += int(per_row * len(offsets))
+
+    def landed(self, table: pa.Table) -> None:
+        for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
+            self.rows[i] += len(offsets)
+
+    def stats(self, i: int) -> dict[str, Any]:
+        return {
+            "rows": self.rows[i],
+            "bytes_read": self.bytes[i],
+            "earliest": self.earliest[i],
+            "latest": self.latest[i],
+        }
+
+    def _owned(self, partitions: Any, offsets: Any) -> Iterator[tuple[int, np.ndarray]]:
+        """``(split index, offsets)`` of the rows each split owns."""
+        if not len(offsets):
+            return
+        encoded = pc.dictionary_encode(partitions)
+        if isinstance(encoded, pa.ChunkedArray):
+            encoded = encoded.combine_chunks()
+        offs = np.asarray(offsets.to_numpy())
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(encoded.dictionary) + 1))
+        for code, name in enumerate(encoded.dictionary.to_pylist()):
+            rows = offs[order[bounds[code] : bounds[code + 1]]]
+            owners = self.by_partition.get(name)
+            if owners is None:
+                raise ContractError(
+                    f"the task's source yielded rows of partition {name!r}, which none of its splits has"
+                )
+            if len(owners) == 1:
+                yield owners[0], rows
+                continue
+            starts = np.array([self.splits[i].start for i in owners])
+            which = np.searchsorted(starts, rows, side="right") - 1
+            for j, owner in enumerate(owners):
+                mine = rows[which == j]
+                if len(mine):
+                    yield owner, mine
 
 
 def _unlink(path: str) -> None:
     with contextlib.suppress(OSError):
         os.remove(path)
-
-
-def _flush(plan: BatchPlan, output: str, pending: dict[str, list[pa.Table]], counts: dict[str, int]) -> DataFile:
-    table = pa.concat_tables(pending.pop(output))
-    counts.pop(output)
-    return write_data_file(plan.roots[output], output, table)
 
 
 def _unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:

@@ -30,9 +30,7 @@ its coordinates so that it is never silently lost, or raises :class:`RecordError
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
@@ -110,7 +108,11 @@ class Source(Protocol):
 
     The driver calls :meth:`outputs`, :meth:`upper`, :meth:`cap`, :meth:`end`, :meth:`splits`,
     :meth:`commit` and :meth:`close`; Spark tasks call :meth:`read` on a pickled copy, so a source
-    must pickle without its driver-side clients. Offsets are the source's own; a frontier maps
+    must pickle without its driver-side clients. A source may also offer ``read_group(splits)``,
+    the records of a task's splits as one stream whose batches may span splits (the Kafka source
+    decodes many small partitions together that way); the data plane then reads a task with it,
+    and falls back to :meth:`read` split by split when it fails, to tell which splits fail.
+    Offsets are the source's own; a frontier maps
     each partition to the first offset *not* yet available.
     """
 
@@ -137,11 +139,6 @@ class Source(Protocol):
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Every record of ``split`` once, as ``(output, batch)`` with lineage columns; bad
         records go to :data:`ERRORS` at their coordinates. The same split reads the same rows."""
-        ...
-
-    def reading(self, splits: Sequence[Split]) -> AbstractContextManager[None]:
-        """Opened around the reads of one task's ``splits``: a source may share work between
-        them (the Kafka source fetches all their partitions in shared requests)."""
         ...
 
     def commit(self, frontier: Frontier) -> None:
@@ -180,10 +177,6 @@ class SourceBase:
                 out.append(Split(partition, start, stop))
                 start = stop
         return out
-
-    def reading(self, splits: Sequence[Split]) -> AbstractContextManager[None]:
-        """Nothing shared between the reads of a task by default."""
-        return contextlib.nullcontext()
 
     def commit(self, frontier: Frontier) -> None:
         """Advisory; nothing to tell by default."""

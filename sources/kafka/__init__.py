@@ -17,11 +17,12 @@ The stages, in the design's words, one module each:
   positions.
 * **split** (:mod:`~sources.kafka.splits`, :meth:`KafkaSource.splits`, driver): ``[max(lower,
   start position), upper)`` per partition, cut at ``max_split_offsets``; offsets lost to retention.
-* **fetch** (:mod:`~sources.kafka.fetcher`, :meth:`KafkaSource.reading`, Spark task): every
-  partition of a task's splits in shared fetch requests, on a client pooled per process; record
-  batches parsed into columns by :mod:`~sources.kafka.batches`.
-* **read** (:mod:`~sources.kafka.reader`, :meth:`KafkaSource.read`, Spark task): exactly
-  ``[start, end)`` of one split, shaped into output and errors batches of at most
+* **fetch** (:mod:`~sources.kafka.fetcher`, Spark task): every partition of a task's splits in
+  shared fetch requests, on a client pooled per process; record batches parsed into columns by
+  :mod:`~sources.kafka.batches`.
+* **read** (:mod:`~sources.kafka.reader`, :meth:`KafkaSource.read_group`, Spark task): exactly
+  ``[start, end)`` of each split, a route's records pending across partitions and shaped
+  (:mod:`~sources.kafka.shaping`) into output and errors batches of at most
   :attr:`KafkaSource.flush_rows` rows.
 * **commit** (:mod:`~sources.kafka.committer`, :meth:`KafkaSource.commit`, driver): the resume
   frontier goes to the consumer group ``group_id``; advisory.

@@ -11,9 +11,6 @@ it can travel to Spark executors, where only :meth:`KafkaSource.read` runs.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,9 +32,9 @@ from reclock.sources.kafka.config import (
     check_selection,
     check_start,
 )
-from reclock.sources.kafka.fetcher import Fetcher, lease
 from reclock.sources.kafka.probe import Prober
-from reclock.sources.kafka.reader import read_split, shape
+from reclock.sources.kafka.reader import read_splits
+from reclock.sources.kafka.shaping import shape
 from reclock.sources.kafka.splits import KafkaSplit, cut
 from reclock.time import Frontier, Partition
 
@@ -113,7 +110,6 @@ class KafkaSource(SourceBase):
         self._routing = Routing(selected_topics, selected_pattern, routes)
         self._clients = KafkaClients(servers, settings, float(read_timeout_s))
         self._prober = Prober(self._clients, self._routing, self.start)
-        self._task = threading.local()
 
     @property
     def bootstrap_servers(self) -> str | list[str]:
@@ -164,39 +160,26 @@ class KafkaSource(SourceBase):
         lows = self._low_watermarks([p for p, _, _ in todo])
         return cut(todo, starts, lows, on_offset_lost=self.on_offset_lost, max_split_offsets=self.max_split_offsets)
 
-    @contextlib.contextmanager
-    def reading(self, splits: Sequence[Split]) -> Iterator[None]:
-        """While open, :meth:`read` of any of ``splits`` (in this thread) is served by one
-        fetcher that asks for all their partitions in shared requests, on a pooled client."""
-        wanted = {meta for route in self._routing.routes for meta, _ in route.metadata}
-        ranges = [(s.partition, s.start, s.end) for s in splits if s.end > s.start]
-        if not ranges:
-            yield
-            return
-        with lease(self._clients, time.monotonic() + self._clients.read_timeout_s) as client:
-            self._task.fetcher = Fetcher(
-                client, self._clients, ranges, keys="key" in wanted, headers="headers" in wanted
-            )
-            try:
-                yield
-            finally:
-                self._task.fetcher = None
-
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Yield the records of ``split`` (exactly ``[start, end)``) as ``(output, batch)`` pairs.
 
-        Runs on an executor, on the fetcher of :meth:`reading` if one is open, else on a client
-        of its own; replayable. Raises :class:`SourceTimeout` when the broker makes no progress
-        for ``read_timeout_s``.
+        Runs on an executor, on a pooled client; replayable. Raises :class:`SourceTimeout` when
+        the broker makes no progress for ``read_timeout_s``.
         """
-        yield from read_split(
-            split,
+        return self.read_group([split])
+
+    def read_group(self, splits: Sequence[Split]) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """The records of a task's ``splits`` as one stream: all their partitions fetched in
+        shared requests, a route's records decoded together across partitions (a batch may hold
+        records of several splits). The data plane reads a task this way and falls back to
+        :meth:`read`, split by split, to tell which splits fail."""
+        yield from read_splits(
+            splits,
             self._routing,
             self._clients,
             flush_rows=self.flush_rows,
             on_offset_lost=self.on_offset_lost,
             on_record_error=self.on_record_error,
-            fetcher=getattr(self._task, "fetcher", None),
         )
 
     def commit(self, frontier: Frontier) -> None:
@@ -207,15 +190,6 @@ class KafkaSource(SourceBase):
     def close(self) -> None:
         """Close the driver-side clients (the probe and the committer)."""
         self._clients.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        del state["_task"]  # this thread's fetcher: never travels
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._task = threading.local()
 
     def __repr__(self) -> str:
         selection = f"topics={list(self.topics)!r}" if self.topics else f"pattern={self.pattern!r}"
@@ -249,7 +223,7 @@ class KafkaSource(SourceBase):
         """:func:`~sources.kafka.reader.shape` with this source's route and ``on_record_error``."""
         route = self._routing.route(topic)
         assert route is not None, topic
-        return shape(records, route, encoded, topic, kpart, fail=self.on_record_error == "fail")
+        return shape([((topic, kpart), encoded, records)], route, fail=self.on_record_error == "fail")
 
     def _start_repr(self) -> str:
         if isinstance(self.start, str):

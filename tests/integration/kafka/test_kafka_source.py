@@ -20,6 +20,8 @@ from reclock.broker import EmbeddedBroker
 from reclock.errors import ConfigError, DefiniteSourceError, TransientError
 from reclock.sources.base import ERRORS, RecordError
 from reclock.sources.kafka import KafkaSource, KafkaSplit, SourceTimeout, output_name_for
+from reclock.sources.kafka.fetcher import Fetcher, lease
+from reclock.sources.kafka.reader import read_splits
 from reclock.time import Frontier, encode_partition
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
@@ -81,9 +83,18 @@ def test_a_short_read_does_not_decode_the_rest_of_a_long_fetch(broker, topic, pr
 
     def parsed(end: int) -> int:
         split = KafkaSplit((name, 0), 0, end)
-        with source.reading([split]):
-            fetcher = source._task.fetcher
-            assert sum(b.num_rows for _, b in source.read(split)) == end
+        with lease(source._clients, time.monotonic() + 10) as client:
+            fetcher = Fetcher(client, source._clients, [(split.partition, 0, end)], keys=False, headers=False)
+            reading = read_splits(
+                [split],
+                source._routing,
+                source._clients,
+                flush_rows=50_000,
+                on_offset_lost="fail",
+                on_record_error="skip",
+                fetcher=fetcher,
+            )
+            assert sum(b.num_rows for _, b in reading) == end
             return fetcher.records_parsed
 
     whole = parsed(30_000)
