@@ -166,6 +166,9 @@ class SourceBase:
 
     forgets_partitions: bool = False
     is_file_source: bool = False
+    #: Whether :meth:`read` may run in several threads of one process at once (the in-driver
+    #: data plane then reads splits in parallel). Off unless a source says so.
+    parallel_reads: bool = False
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         """One split per partition that advanced, cut at :attr:`max_split_offsets`."""

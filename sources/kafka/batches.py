@@ -37,11 +37,12 @@ import pyarrow as pa
 
 from reclock.sources.decode.values import NEWLINE, Values
 
-__all__ = ["CorruptBatch", "Fetched", "parse"]
+__all__ = ["CorruptBatch", "Fetched", "next_offset", "parse"]
 
 _HEADER = 61  # bytes of a v2 batch header, up to the first record
 _PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
 _TAIL = struct.Struct(">bIhiqqqhii")  # magic, crc, attributes, lastOffsetDelta, base/max timestamp, ...
+_LAST_DELTA = struct.Struct(">i")
 _COMPRESSION = 0x07
 _LOG_APPEND_TIME = 0x08
 _CONTROL = 0x20
@@ -124,6 +125,24 @@ def parse(buf: bytes | memoryview, *, keys: bool = False, headers: bool = False,
     np.cumsum(sizes[:-1], out=section_starts[1:])
     meta = np.array(batches, np.int64)
     return _records(joined, arena, section_starts, sizes, meta, keys, headers, next_offset)
+
+
+def next_offset(buf: bytes | memoryview, *, until: int | None = None) -> int | None:
+    """Where the next fetch continues after ``buf`` (what :func:`parse` would report as
+    ``next_offset``), from the batch headers alone: no CRC, no record parsed."""
+    view = memoryview(buf)
+    if len(view) >= 17 and view[16] != 2:
+        return _legacy(bytes(view), keys=False, headers=False).next_offset
+    after = None
+    pos = 0
+    while pos + _HEADER <= len(view):
+        base, length = _PREFIX.unpack_from(view, pos)
+        end = pos + 12 + length
+        if end > len(view) or (until is not None and base >= until):
+            break
+        after = base + _LAST_DELTA.unpack_from(view, pos + 23)[0] + 1
+        pos = end
+    return after
 
 
 def _records(

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reclock.sources.kafka.batches import Fetched, parse
+from reclock.sources.kafka.batches import Fetched, next_offset, parse
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, close_client, is_transient
 
 __all__ = ["Fetcher", "OffsetLost", "lease"]
@@ -119,6 +119,8 @@ class Fetcher:
         self._max_partition_bytes = max_partition_bytes
         self._buffer_bytes = buffer_bytes
         self._wants: dict[Partition, _Want] = {}
+        #: ``leader -> (response future, what it asked)``: the request sent ahead, at most one.
+        self._inflight: dict[int, tuple[Any, dict[Partition, tuple[int, int]]]] = {}
         #: Records parsed so far (fetched records past a range's end are never parsed).
         self.records_parsed = 0
         for partition, start, end in ranges:
@@ -160,35 +162,54 @@ class Fetcher:
         want.position = offset
         want.chunks.clear()
         want.buffered = 0
+        self._inflight.clear()  # they asked from the old position: answers are dropped
 
     # -- one round of requests ------------------------------------------------------------------
 
     def _fetch(self, needed: Partition, deadline: float) -> None:
-        """One fetch per leader for ``needed`` and every other partition with room in its buffer."""
+        """Get records for ``needed``: the answer to the request already in flight to its leader
+        if there is one (sent ahead, see :meth:`_answer`), else a new request to every leader for
+        ``needed`` and every other partition with room in its buffer."""
+        from kafka import TopicPartition
+
+        leader = self._client._client.cluster.leader_for_partition(TopicPartition(*needed))
+        if leader is not None and leader in self._inflight:
+            future, asked = self._inflight.pop(leader)
+            self._answer(leader, future, asked, deadline)
+            return
+        plan = self._plan(needed)
+        if plan is None:
+            self._refresh(deadline)
+            return
+        sent = [(node, self._send(node, asks), asks) for node, asks in plan.items()]
+        for node, future, asks in sent:
+            self._answer(node, future, asks, deadline)
+
+    def _plan(self, needed: Partition | None) -> dict[int, dict[Partition, tuple[int, int]]] | None:
+        """``leader -> {partition: (offset, bytes)}`` for ``needed`` and the partitions with room
+        in their buffer; ``None`` if a leader is unknown (metadata must be refreshed first)."""
         from kafka import TopicPartition
 
         cluster = self._client._client.cluster
-        total = sum(w.buffered for w in self._wants.values())
-        by_leader: dict[int, list[tuple[Partition, int, int]]] = defaultdict(list)
+        full = sum(w.buffered for w in self._wants.values()) >= self._buffer_bytes
+        by_leader: dict[int, dict[Partition, tuple[int, int]]] = defaultdict(dict)
         for partition, want in self._wants.items():
-            if want.position >= want.end or (partition != needed and total >= self._buffer_bytes):
+            if want.position >= want.end:
                 continue
-            if partition != needed and want.buffered >= self._max_partition_bytes:
+            if partition != needed and (full or want.buffered >= self._max_partition_bytes):
                 continue
             leader = cluster.leader_for_partition(TopicPartition(*partition))
             if leader is None or leader < 0:
-                self._refresh(deadline)
-                return
-            by_leader[leader].append((partition, want.position, want.ask_bytes(self._max_partition_bytes)))
-        for leader, asks in by_leader.items():
-            self._request(leader, asks, deadline)
+                return None
+            by_leader[leader][partition] = (want.position, want.ask_bytes(self._max_partition_bytes))
+        return by_leader
 
-    def _request(self, leader: int, asks: list[tuple[Partition, int, int]], deadline: float) -> None:
-        from kafka.errors import for_code
+    def _send(self, leader: int, asks: dict[Partition, tuple[int, int]]) -> Any:
+        """Send one fetch request without waiting; the future resolves to its response."""
         from kafka.protocol.consumer import FetchRequest
 
         topics: dict[str, list[Any]] = defaultdict(list)
-        for (topic, index), offset, size in asks:
+        for (topic, index), (offset, size) in asks.items():
             topics[topic].append(
                 _PARTITION(
                     partition=index,
@@ -212,8 +233,18 @@ class Fetcher:
             max_version=12,
         )
         manager = self._client._client._manager
+        return manager.call_soon(lambda: manager.send(request, node_id=leader))
+
+    def _answer(self, leader: int, future: Any, asks: dict[Partition, tuple[int, int]], deadline: float) -> None:
+        """Wait for a fetch response and take it in. As soon as the batch headers say where each
+        partition continues, the next request to this leader goes out, so the broker works while
+        this one is parsed. Data for a partition whose position moved since the request was sent
+        (an offset skipped after a loss) is dropped."""
+        from kafka.errors import for_code
+
+        manager = self._client._client._manager
         try:
-            response = manager.run(lambda: manager.send(request, node_id=leader))
+            response = manager.run(lambda: future)
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -223,11 +254,12 @@ class Fetcher:
             self._refresh(deadline)
             return
         refresh = False
+        arrived: list[tuple[_Want, Any, int]] = []
         for topic_data in response.responses:
             for data in topic_data.partitions:
                 partition = (topic_data.topic, data.partition_index)
                 want = self._wants.get(partition)
-                if want is None:
+                if want is None or partition not in asks or asks[partition][0] != want.position:
                     continue
                 want.high_watermark = data.high_watermark
                 if data.error_code == _OFFSET_OUT_OF_RANGE:
@@ -239,18 +271,23 @@ class Fetcher:
                     raise for_code(data.error_code)(f"fetch of {partition[0]}[{partition[1]}]")
                 if not data.records:
                     continue
-                fetched = parse(data.records, keys=self._keys, headers=self._headers, until=want.end)
-                self.records_parsed += len(fetched)
-                if fetched.next_offset is None:
-                    continue
-                if fetched.next_offset > want.position:
-                    want.bytes_per_offset = len(data.records) / (fetched.next_offset - want.position)
-                want.position = max(want.position, fetched.next_offset)
-                if len(fetched):
-                    want.chunks.append(fetched)
-                    want.buffered += fetched.values.data.nbytes
+                after = next_offset(data.records, until=want.end)
+                if after is not None and after > want.position:
+                    arrived.append((want, data.records, want.position))
+                    want.position = after
         if refresh:
             self._refresh(deadline)
+        else:
+            ahead = (self._plan(None) or {}).get(leader)
+            if ahead:
+                self._inflight[leader] = (self._send(leader, ahead), ahead)
+        for want, records, was in arrived:
+            fetched = parse(records, keys=self._keys, headers=self._headers, until=want.end)
+            self.records_parsed += len(fetched)
+            want.bytes_per_offset = len(records) / max(1, (fetched.next_offset or was) - was)
+            if len(fetched):
+                want.chunks.append(fetched)
+                want.buffered += fetched.values.data.nbytes
 
     def _refresh(self, deadline: float) -> None:
         """A metadata update (leaders moved), waited for until ``deadline``."""

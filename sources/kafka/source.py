@@ -59,6 +59,9 @@ class KafkaSource(SourceBase):
     #: Rows per Arrow batch that :meth:`read` yields (bounded memory per task).
     flush_rows: int = 50_000
 
+    #: Reads share nothing but the client pool, which is locked: threads may read at once.
+    parallel_reads = True
+
     def __init__(
         self,
         bootstrap_servers: str | Sequence[str],
