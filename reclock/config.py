@@ -68,6 +68,7 @@ class PipelineConfig:
     metrics_port: int | None = None
     small_batch_offsets: int = 20_000
     maintenance: Maintenance = field(default_factory=Maintenance)
+    spark_background_start: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say."""
@@ -86,6 +87,7 @@ class PipelineConfig:
                 "master": self.spark_master,
                 "conf": dict(self.spark_conf),
                 "small_batch_offsets": self.small_batch_offsets,
+                "background_start": self.spark_background_start,
             },
             "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
             "source": dict(self.source),
@@ -128,7 +130,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         "pipeline.",
         fail,
     )
-    _only(spark, {"master", "conf", "small_batch_offsets"}, "spark.", fail)
+    _only(spark, {"master", "conf", "small_batch_offsets", "background_start"}, "spark.", fail)
 
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
     lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
@@ -156,6 +158,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     small = _typed(spark, "small_batch_offsets", int, "spark.", fail, default=20_000)
     if small < 0:
         raise fail("spark.small_batch_offsets", "must be >= 0 (0 sends every batch to Spark)")
+    background = _typed(spark, "background_start", bool, "spark.", fail, default=True)
     conf = spark.get("conf", {})
     if not isinstance(conf, Mapping):
         raise fail("spark.conf", "must be a table of Spark settings")
@@ -175,6 +178,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         metrics_port,
         small,
         maintenance,
+        background,
     )
     from reclock.persist.lake import NAME_PATTERN
 

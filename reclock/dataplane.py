@@ -44,7 +44,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AutoDataPlane", "BatchPlan", "DataPlane", "LocalDataPlane", "SparkDataPlane", "SplitResult", "run_split"]
+__all__ = [
+    "AutoDataPlane",
+    "BatchPlan",
+    "DataPlane",
+    "LocalDataPlane",
+    "SparkDataPlane",
+    "SplitResult",
+    "StartingSparkDataPlane",
+    "run_split",
+]
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,43 @@ class AutoDataPlane:
         size = sum(split.end - split.start for split in splits)
         plane = self.local if size < self.small_batch_offsets else self.spark
         return plane.run(plan, splits)
+
+
+class StartingSparkDataPlane:
+    """A Spark data plane whose session starts in the background; until it is up, batches run in
+    the driver.
+
+    Starting a session costs seconds (a JVM, then the first jobs warm up), and a restarted job
+    used to pay all of it before its first commit. Both planes run the same task function, so a
+    batch lands the same rows wherever it runs; only where the work happens changes. A session
+    that fails to start fails the batches that need it, naming why.
+    """
+
+    def __init__(
+        self, start: Callable[[], SparkSession], local: DataPlane | None = None, *, small_batch_offsets: int = 0
+    ) -> None:
+        self.local = local or LocalDataPlane()
+        self.small_batch_offsets = small_batch_offsets
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reclock-spark-start")
+        self._session = self._pool.submit(start)
+        self._plane: DataPlane | None = None
+
+    def wait(self) -> None:
+        """Wait for the session (``[spark] background_start = false``): every batch on Spark."""
+        self._session.result()
+
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
+        if self._plane is None:
+            if not self._session.done():
+                return self.local.run(plan, splits)
+            spark = SparkDataPlane(self._session.result())
+            self._plane = (
+                AutoDataPlane(spark, self.local, small_batch_offsets=self.small_batch_offsets)
+                if self.small_batch_offsets
+                else spark
+            )
+            self._pool.shutdown(wait=False)
+        return self._plane.run(plan, splits)
 
 
 def run_split(plan: BatchPlan, split: Split) -> SplitResult:

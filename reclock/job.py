@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from reclock.config import PipelineConfig, build_source, parse_config, redacted
-from reclock.dataplane import AutoDataPlane, DataPlane, LocalDataPlane, SparkDataPlane
+from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
@@ -377,10 +377,13 @@ def _data_plane(config: PipelineConfig) -> DataPlane:
         return LocalDataPlane()
     from reclock.spark import spark_session
 
-    spark = SparkDataPlane(spark_session(config.spark_master, config.spark_conf))
-    if config.small_batch_offsets:
-        return AutoDataPlane(spark, small_batch_offsets=config.small_batch_offsets)
-    return spark
+    def start() -> Any:
+        return spark_session(config.spark_master, config.spark_conf)
+
+    plane = StartingSparkDataPlane(start, small_batch_offsets=config.small_batch_offsets)
+    if not config.spark_background_start:
+        plane.wait()
+    return plane
 
 
 def _on_signals(stop: threading.Event) -> dict[int, object]:

@@ -13,7 +13,8 @@ stepping until every record is committed (:func:`benchmarks.landing.land`), chec
 outputs' Delta logs; the four contenders alternate run by run. Target, per plane: rows/s of wide
 / rows/s of narrow >= 0.5 (issue 14: one fetch request serves many partitions, clients are pooled,
 splits group partitions). Creating the 1,000-partition topic on the embedded broker and producing
-into it are timed too, as set-up facts.
+into it are timed too, as set-up facts, and so is librdkafka's consume loop over both topics
+(counting only): the ratio the broker itself allows.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import time
 from typing import Any
 
+from benchmarks.baselines import confluent_consume
 from benchmarks.common import (
     alternate,
     broker,
@@ -41,6 +43,8 @@ __all__ = ["run"]
 #: ``name: (partitions, records per partition)`` at the quick size; ``--full`` has 5x the records.
 SHAPES = {"wide": (1_000, 100), "narrow": (10, 10_000)}
 PLANES = ("spark", "in-driver")
+#: The bound the broker sets: librdkafka counting records, nothing else (baseline (d) of kafka_e2e).
+BOUND = "librdkafka consume"
 
 
 def run(full: bool = False) -> ScenarioResult:
@@ -82,7 +86,18 @@ def run(full: bool = False) -> ScenarioResult:
 
         return call
 
-    times = alternate({f"{p}, {s}": contender(p, s) for p in PLANES for s in SHAPES}, runs)
+    def broker_bound(shape: str) -> Any:
+        def call() -> float:
+            t0 = time.monotonic()
+            counted = confluent_consume.run(bootstrap, {topics[shape]: ends[shape]})
+            assert counted == total, f"librdkafka counted {counted} of {total}"
+            return time.monotonic() - t0
+
+        return call
+
+    contenders = {f"{p}, {s}": contender(p, s) for p in PLANES for s in SHAPES}
+    contenders.update({f"{BOUND}, {s}": broker_bound(s) for s in SHAPES})
+    times = alternate(contenders, runs)
     rates = {name: total / median(secs) for name, secs in times.items()}
     wide, narrow = (f"{SHAPES[s][0]:,} x {SHAPES[s][1] * scale:,}" for s in ("wide", "narrow"))
     for plane in PLANES:
@@ -107,6 +122,12 @@ def run(full: bool = False) -> ScenarioResult:
         cpu_seconds={name: [round(c, 2) for c in values] for name, values in cpu.items()},
         rows_per_cpu_second={name: round(total / median(values)) for name, values in cpu.items()},
         load_average=load_average(),
+    )
+    result.notes.append(
+        f"what the broker allows: librdkafka's consume loop, counting only, reads {wide} at "
+        f"{rates[f'{BOUND}, wide']:,.0f} rows/s and {narrow} at {rates[f'{BOUND}, narrow']:,.0f} rows/s "
+        f"(ratio {rates[f'{BOUND}, wide'] / rates[f'{BOUND}, narrow']:.2f}): serving many partitions per fetch is "
+        "the embedded broker's cost, whoever the client"
     )
     result.notes.append(
         f"set-up: creating the {SHAPES['wide'][0]:,}-partition topic took {setup['wide']['create_topic_s']:.2f} s, "

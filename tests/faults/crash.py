@@ -355,7 +355,9 @@ class Target:
 
     def define(self, engine: str) -> None:
         config = self.workdir / f"{self.name}.toml"
-        spark = '[spark]\nmaster = "local[1]"\nsmall_batch_offsets = 0\n' if engine == "spark" else ""
+        spark = ""
+        if engine == "spark":  # every batch on Spark: none in the driver while the session starts
+            spark = '[spark]\nmaster = "local[1]"\nsmall_batch_offsets = 0\nbackground_start = false\n'
         config.write_text(
             f'[pipeline]\nname = "{self.name}"\nlake = "lake"\nengine = "{engine}"\nbatch_interval = 0.1\n'
             f"idle_interval = 1.0\nmax_batch = 200\nretry_backoff = 0.2\n{spark}{_MAINTENANCE}{self.source}"

@@ -21,7 +21,11 @@ def test_executors_in_separate_processes_run_the_data_plane(tmp_path):
     config = write_config(
         tmp_path / "p.toml",
         pipeline={"name": "cluster", "lake": "lake", "engine": "spark", "max_batch": 15_000},
-        spark={"master": "local-cluster[2,1,1024]", "conf": {"spark.executor.memory": "768m"}},
+        spark={
+            "master": "local-cluster[2,1,1024]",
+            "conf": {"spark.executor.memory": "768m"},
+            "background_start": False,  # every batch on the executors, none in the driver
+        },
         source={"kind": "generator", "partitions": 4, "limit": 40_000, "max_split_offsets": 4_000},
     )
     assert reclock_cli("create", str(config)).returncode == 0
