@@ -35,7 +35,7 @@ from typing import Any
 from reclock.sources.kafka.batches import Fetched, next_offset, parse
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, close_client, is_transient
 
-__all__ = ["Fetcher", "OffsetLost", "lease"]
+__all__ = ["Fetcher", "OffsetLost", "fetch_request", "high_watermarks", "lease"]
 
 log = logging.getLogger(__name__)
 
@@ -206,32 +206,7 @@ class Fetcher:
 
     def _send(self, leader: int, asks: dict[Partition, tuple[int, int]]) -> Any:
         """Send one fetch request without waiting; the future resolves to its response."""
-        from kafka.protocol.consumer import FetchRequest
-
-        topics: dict[str, list[Any]] = defaultdict(list)
-        for (topic, index), (offset, size) in asks.items():
-            topics[topic].append(
-                _PARTITION(
-                    partition=index,
-                    current_leader_epoch=-1,
-                    fetch_offset=offset,
-                    last_fetched_epoch=-1,
-                    partition_max_bytes=size,
-                )
-            )
-        request = FetchRequest(
-            max_wait_ms=100,
-            min_bytes=1,
-            max_bytes=64 << 20,
-            isolation_level=0,
-            session_id=0,
-            session_epoch=-1,
-            topics=[_TOPIC(topic=t, partitions=p) for t, p in topics.items()],
-            forgotten_topics_data=[],
-            rack_id="",
-            min_version=4,
-            max_version=12,
-        )
+        request = fetch_request(asks)
         manager = self._client._client._manager
         return manager.call_soon(lambda: manager.send(request, node_id=leader))
 
@@ -299,6 +274,65 @@ class Fetcher:
                 raise
             log.debug("kafka metadata refresh failed: %s", exc)
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def fetch_request(asks: dict[Partition, tuple[int, int]]) -> Any:
+    """A ``FetchRequest`` for ``{partition: (offset, max bytes)}``, read_uncommitted, no session."""
+    from kafka.protocol.consumer import FetchRequest
+
+    topics: dict[str, list[Any]] = defaultdict(list)
+    for (topic, index), (offset, size) in asks.items():
+        topics[topic].append(
+            _PARTITION(
+                partition=index,
+                current_leader_epoch=-1,
+                fetch_offset=offset,
+                last_fetched_epoch=-1,
+                partition_max_bytes=size,
+            )
+        )
+    return FetchRequest(
+        max_wait_ms=100,
+        min_bytes=1,
+        max_bytes=64 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=[_TOPIC(topic=t, partitions=p) for t, p in topics.items()],
+        forgotten_topics_data=[],
+        rack_id="",
+        min_version=4,
+        max_version=12,
+    )
+
+
+def high_watermarks(client: Any, positions: dict[Partition, int], timeout_s: float) -> dict[Partition, int]:
+    """The high watermark the fetch response carries for each partition, asked at ``positions``
+    (a partition's last known end: nothing to send back) in one request per leader. Partitions
+    without a known leader or with an error are left out: the caller asks them another way."""
+    from kafka import TopicPartition
+
+    cluster = client._client.cluster
+    for topic in sorted({topic for topic, _ in positions}):
+        client.partitions_for_topic(topic)
+    by_leader: dict[int, dict[Partition, tuple[int, int]]] = defaultdict(dict)
+    for partition, offset in positions.items():
+        leader = cluster.leader_for_partition(TopicPartition(*partition))
+        if leader is not None and leader >= 0:
+            by_leader[leader][partition] = (offset, 1)
+    manager = client._client._manager
+    futures = [
+        manager.call_soon(lambda asks=asks, leader=leader: manager.send(fetch_request(asks), node_id=leader))
+        for leader, asks in by_leader.items()
+    ]
+    out: dict[Partition, int] = {}
+    for future in futures:
+        response = manager.run(lambda future=future: manager.wait_for(future, int(timeout_s * 1000)))
+        for topic_data in response.responses:
+            for data in topic_data.partitions:
+                if data.error_code == 0 and data.high_watermark >= 0:
+                    out[(topic_data.topic, data.partition_index)] = data.high_watermark
+    return out
 
 
 def _fetch_types() -> tuple[Any, Any]:

@@ -31,6 +31,7 @@ from typing import Any
 from reclock.errors import DefiniteSourceError, describe
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
 from reclock.sources.kafka.config import Routing
+from reclock.sources.kafka.fetcher import high_watermarks, lease
 from reclock.time import Frontier
 
 __all__ = ["Prober", "low_watermarks"]
@@ -217,9 +218,11 @@ class Prober:
         Each partition is fetched from its last known end, or for a partition seen for the first
         time from ``end_offsets() - 1``: only a *hint* that keeps the fetch small (Tansu answers
         the last batch's base offset + 1, Kafka the true end); the answer is the high watermark
-        the fetch response carries. A partition that answered is seeked to that high watermark,
-        so the records its fetch returned are dropped unparsed and the next poll moves on to the
-        other partitions.
+        the fetch response carries. First one raw fetch per leader on a pooled client
+        (:meth:`_fetch_probe`); the partitions it leaves unanswered are polled through
+        ``consumer`` (:meth:`_poll_probe`), where a partition that answered is seeked to its high
+        watermark, so the records its fetch returned are dropped unparsed and the next poll moves
+        on to the other partitions.
 
         ``consumer`` must be fresh (see the module docstring), and this must never ``pause()`` a
         partition: kafka-python 3.0 parks the buffered fetch of a paused partition and, once another
@@ -228,7 +231,6 @@ class Prober:
         """
         if not tps:
             return {}
-        consumer.assign(tps)
         new = [tp for tp in tps if (tp.topic, tp.partition) not in self._known]
         hints: dict[Any, int] = {}
         if new:
@@ -237,9 +239,38 @@ class Prober:
                 hints = {tp: o for tp, o in consumer.end_offsets(new, timeout_ms=timeout_ms).items() if o}
             except Exception as exc:  # only a hint: fetch from the start instead
                 log.debug("kafka end_offsets hint failed: %s", describe(exc))
+        positions = {}
         for tp in tps:
             known = self._known.get((tp.topic, tp.partition))
-            consumer.seek(tp, known if known is not None else max(0, hints.get(tp, 0) - 1))
+            positions[tp] = known if known is not None else max(0, hints.get(tp, 0) - 1)
+        answered = self._fetch_probe(positions)
+        rest = [tp for tp in tps if (tp.topic, tp.partition) not in answered]
+        if rest:
+            answered.update(self._poll_probe(consumer, rest, positions))
+        return answered
+
+    def _fetch_probe(self, positions: dict[Any, int]) -> dict[tuple[str, int], int]:
+        """High watermarks from one fetch request per leader on a pooled client: a thousand
+        partitions in one round trip. What it cannot answer (no leader known to the pooled
+        client yet, an offset out of range, a broker that does not answer) is left to
+        :meth:`_poll_probe`."""
+        timeout = min(self._clients.read_timeout_s, _PROBE_WAIT_S)
+        asks = {(tp.topic, tp.partition): offset for tp, offset in positions.items()}
+        try:
+            with lease(self._clients, time.monotonic() + timeout) as client:
+                return high_watermarks(client, asks, timeout)
+        except Exception as exc:
+            if not (is_transient(exc) or isinstance(exc, SourceTimeout)):
+                raise
+            log.debug("kafka probe by fetch failed, polling instead: %s", describe(exc))
+            return {}
+
+    def _poll_probe(self, consumer: Any, tps: list[Any], positions: dict[Any, int]) -> dict[tuple[str, int], int]:
+        """High watermarks through ``consumer``'s own fetches: it resets an offset out of range
+        to the log's start (``auto_offset_reset="earliest"``) and still answers."""
+        consumer.assign(tps)
+        for tp in tps:
+            consumer.seek(tp, positions[tp])
         # A partition whose leader does not answer keeps its last known end for this probe.
         deadline = time.monotonic() + min(self._clients.read_timeout_s, _PROBE_WAIT_S)
         pending = list(tps)
