@@ -46,9 +46,14 @@ __all__ = ["create", "drop_file", "file_states", "load", "request_stop", "run"]
 log = logging.getLogger("reclock.job")
 
 
-def create(config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms) -> Path:
-    """Validate ``config`` (the source too) and store it; refuse to silently change an existing one."""
-    build_source(config, created_at_ms=now())
+def create(
+    config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms, file: str | None = None
+) -> Path:
+    """Validate ``config`` (the source too) and store it; refuse to silently change an existing one.
+
+    ``file`` is where the definition came from: the source's own errors name it like the others.
+    """
+    build_source(config, created_at_ms=now(), file=file)
     lake = Lake.at(config.lake)
     path = lake.definition_path(config.name)
     definition = config.to_dict()
