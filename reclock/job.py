@@ -194,7 +194,12 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     stop_file.unlink(missing_ok=True)
     handlers = _on_signals(stop)
     pipeline = Pipeline(
-        name, lake, source, data_plane=_data_plane(config), settings=config.settings, maintenance=config.maintenance
+        name,
+        lake,
+        source,
+        data_plane=_data_plane(config, source),
+        settings=config.settings,
+        maintenance=config.maintenance,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
@@ -377,12 +382,13 @@ def _exclusive(lake: Lake, name: str) -> TextIO:
     return handle
 
 
-def _data_plane(config: PipelineConfig) -> DataPlane:
+def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
+    """The configured plane; on a cluster, executors get reclock and the source's package shipped."""
     if config.engine == "local":
         return LocalDataPlane()
-    from reclock.spark import spark_session
+    from reclock.spark import shipped_packages, spark_session
 
-    spark = SparkDataPlane(spark_session(config.spark_master, config.spark_conf))
+    spark = SparkDataPlane(spark_session(config.spark_master, config.spark_conf, ship=shipped_packages(source)))
     if config.small_batch_offsets:
         return AutoDataPlane(spark, small_batch_offsets=config.small_batch_offsets)
     return spark

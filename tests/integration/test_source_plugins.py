@@ -1,10 +1,11 @@
 """A third-party source as a plugin: pip-installed, then run by the ``reclock`` CLI like a built-in.
 
 The plugin is ``tests/plugins/sensorlog``, the example of ``docs/source-authors.md``, installed by
-pip into a fresh environment (see :mod:`tests.integration.envs`) where the entry point is real
-distribution metadata. The guide's own commands run there, in a shell, and what landed in the
-lake is checked from outside: the Delta logs replayed by ``tests.faults.reader`` and the rows read
-with pyarrow, against what the test wrote into the log files and parses itself.
+pip into a fresh environment (the ``plugin_python`` fixture, see :mod:`tests.integration.envs`),
+where the entry point is real distribution metadata. The guide's own commands run there, in a
+shell, and what landed in the lake is checked from outside: the Delta logs replayed by
+``tests.faults.reader`` and the rows read with pyarrow, against what the test wrote into the log
+files and parses itself.
 """
 
 from __future__ import annotations
@@ -15,13 +16,12 @@ import shutil
 import subprocess
 import time
 import urllib.request
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from tests.faults.reader import DeltaLog, Remap, read_rows
-from tests.integration.envs import ROOT, bare_env, clean_env, pip_install, reclock_script
+from tests.integration.envs import ROOT, clean_env
+from tests.integration.helpers import assert_rows_exactly_once, sensorlog_rows
 
 pytestmark = [pytest.mark.integration]
 
@@ -44,52 +44,11 @@ def guide_blocks() -> dict[str, str]:
     return blocks
 
 
-@pytest.fixture(scope="module")
-def plugin_python(tmp_path_factory) -> Path:
-    """An environment with reclock (this checkout) and the plugin installed by pip; its python."""
-    python = bare_env(tmp_path_factory.mktemp("plugin-env") / "env", ROOT)
-    pip_install(python, PLUGIN)
-    reclock_script(python)
-    return python
-
-
 def shell(script: str, python: Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = clean_env(PATH=f"{python.parent}:{clean_env()['PATH']}")
     return subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
-
-
-def expected_rows(logs: Path) -> dict[str, dict[tuple[str, int], dict]]:
-    """Per output, (site, line) -> the columns that line must give: parsed here, not by the plugin."""
-    out: dict[str, dict[tuple[str, int], dict]] = {"readings": {}, "alerts": {}, "_errors": {}}
-    for path in sorted(logs.glob("*.jsonl")):
-        for offset, line in enumerate(path.read_bytes().split(b"\n")[:-1]):
-            key = (path.stem, offset)
-            try:
-                record = json.loads(line)
-            except ValueError:
-                out["_errors"][key] = {"raw": line}
-                continue
-            if "alert" in record:
-                out["alerts"][key] = {"sensor": record["sensor"], "message": record["alert"]}
-            else:
-                out["readings"][key] = {"sensor": record["sensor"], "celsius": record["c"]}
-    return out
-
-
-def assert_exactly_once(lake: Path, pipeline: str, expected: dict[str, dict[tuple[str, int], dict]]) -> None:
-    """Every line in exactly one row of its output, with its values, stamped by the remap's bindings."""
-    remap = Remap.read(lake / pipeline / "remap")
-    for output, want in expected.items():
-        rows = read_rows(DeltaLog(lake / pipeline / "outputs" / output).refresh())
-        rows = rows.to_pylist() if rows is not None else []
-        keys = Counter((r["_partition"], r["_offset"]) for r in rows)
-        assert [k for k, n in keys.items() if n > 1] == [], f"{output}: duplicated rows"
-        assert set(keys) == set(want), f"{output}: {sorted(keys)} != {sorted(want)}"
-        for r in rows:
-            assert {k: r[k] for k in want[(r["_partition"], r["_offset"])]} == want[(r["_partition"], r["_offset"])]
-            assert remap.stamp_holds(r["_partition"], r["_offset"], r["_into_ts"]), (output, r)
 
 
 def test_the_guides_plugin_files_are_the_packaged_plugin():
@@ -106,7 +65,7 @@ def test_the_guides_commands_run_the_plugin_and_print_the_shown_status(plugin_py
     assert done.returncode == 0, done.stderr[-3000:]
     status = done.stdout.split("\n", 1)[1]  # after "created pipeline 'sensors' in <lake>"
     assert STAMP.sub("<time>", status) == STAMP.sub("<time>", blocks["output"])
-    assert_exactly_once(tmp_path / "lake", "sensors", expected_rows(tmp_path / "logs"))
+    assert_rows_exactly_once(tmp_path / "lake", "sensors", sensorlog_rows(tmp_path / "logs"))
 
     bad = (tmp_path / "sensors.toml").read_text() + "max_split_offsets = 0\n"
     (tmp_path / "sensors.toml").write_text(bad)
@@ -152,6 +111,6 @@ def test_a_running_plugin_pipeline_has_status_tables_metrics_stop_and_resume(plu
     assert {b["partition"] for b in batches if b["state"] == "Succeeded"} == {"north", "south"}
     shown = shell("reclock status tail", plugin_python, tmp_path).stdout
     assert re.search(r"^tail +stopped +yes ", shown, re.MULTILINE), shown
-    expected = expected_rows(logs)
+    expected = sensorlog_rows(logs)
     assert len(expected["readings"]) == 52 and len(expected["alerts"]) == 1 and len(expected["_errors"]) == 1
-    assert_exactly_once(tmp_path / "lake", "tail", expected)
+    assert_rows_exactly_once(tmp_path / "lake", "tail", expected)

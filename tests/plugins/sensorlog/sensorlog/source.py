@@ -34,7 +34,7 @@ class SensorLogSource(SourceBase):
             raise ConfigError("path", f"must be an existing folder of <site>.jsonl files, got {path!r}")
         if isinstance(max_split_offsets, bool) or not isinstance(max_split_offsets, int) or max_split_offsets < 1:
             raise ConfigError("max_split_offsets", f"must be an integer >= 1, got {max_split_offsets!r}")
-        self.path = path
+        self.path = os.path.abspath(path)  # tasks run in other working directories, on executors
         self.max_split_offsets = max_split_offsets
 
     # -- driver side ---------------------------------------------------------------------------
