@@ -184,7 +184,7 @@ def _create(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.lake is not None:  # an explicit --lake or $RECLOCK_LAKE wins over the file's
         config = replace(config, lake=str(Lake.at(args.lake).root))
-    path = job.create(config, replace=args.replace)
+    path = job.create(config, replace=args.replace, file=args.config)
     print(f"created pipeline {config.name!r} in {path.parent.parent}")
     return 0
 

@@ -29,7 +29,6 @@ Example::
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import os
@@ -41,16 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from reclock.errors import ConfigError
+from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
 from reclock.sources.base import Source
 
 __all__ = ["PipelineConfig", "build_source", "load_config", "parse_config", "redacted"]
 
-_SOURCES = {
-    "generator": "reclock.sources.generator:GeneratorSource",
-    "kafka": "reclock.sources.kafka:KafkaSource",
-    "files": "reclock.sources.files:FilesSource",
-}
 _ENGINES = ("spark", "local")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -162,10 +157,11 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     conf = spark.get("conf", {})
     if not isinstance(conf, Mapping):
         raise fail("spark.conf", "must be a table of Spark settings")
-    kind = source.get("kind")
-    if kind not in _SOURCES:
-        raise fail("source.kind", f"must be one of {', '.join(sorted(_SOURCES))}, got {kind!r}")
-    _check_source_options(kind, source, fail)
+    try:
+        cls = source_class(source.get("kind"))
+    except ConfigError as exc:
+        raise fail(f"source.{exc.field}", exc.reason) from None
+    _check_source_options(source["kind"], cls, source, fail)
     config = PipelineConfig(
         name,
         lake,
@@ -207,7 +203,10 @@ def build_source(
     """
     options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k != "kind"}
     hidden = _hidden(config.source, options)
-    cls = _source_class(config.source["kind"])
+    try:
+        cls = source_class(config.source["kind"])
+    except ConfigError as exc:
+        raise ConfigError(f"source.{exc.field}", exc.reason, file=file) from None
     params = inspect.signature(cls).parameters
     if "anchor_ms" in params:
         options.setdefault("anchor_ms", created_at_ms)
@@ -245,8 +244,15 @@ def redacted(value: Any, key: str = "", *, secret: bool = False) -> Any:
     return value
 
 
-def _check_source_options(kind: str, source: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> None:
-    params = inspect.signature(_source_class(kind)).parameters
+def _check_source_options(
+    kind: str, cls: type, source: Mapping[str, Any], fail: Callable[[str, str], ConfigError]
+) -> None:
+    """Options the class's constructor cannot take, or lacks, named before anything is built.
+
+    The values themselves are the source's to judge: its constructor raises a ConfigError naming
+    the option, which :func:`build_source` prefixes with ``source.``.
+    """
+    params = inspect.signature(cls).parameters
     for name, param in params.items():
         required = param.default is inspect.Parameter.empty
         if required and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD) and name not in source:
@@ -256,11 +262,6 @@ def _check_source_options(kind: str, source: Mapping[str, Any], fail: Callable[[
     for key in source:
         if key != "kind" and key not in params:
             raise fail(f"source.{key}", f"unknown option for a {kind} source (known: {', '.join(sorted(params))})")
-
-
-def _source_class(kind: str) -> type:
-    module, _, name = _SOURCES[kind].partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def _expand(value: Any, key: str, file: str | None) -> Any:

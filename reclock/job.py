@@ -46,9 +46,14 @@ __all__ = ["create", "drop_file", "file_states", "load", "request_stop", "run"]
 log = logging.getLogger("reclock.job")
 
 
-def create(config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms) -> Path:
-    """Validate ``config`` (the source too) and store it; refuse to silently change an existing one."""
-    build_source(config, created_at_ms=now())
+def create(
+    config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms, file: str | None = None
+) -> Path:
+    """Validate ``config`` (the source too) and store it; refuse to silently change an existing one.
+
+    ``file`` is where the definition came from: the source's own errors name it like the others.
+    """
+    build_source(config, created_at_ms=now(), file=file)
     lake = Lake.at(config.lake)
     path = lake.definition_path(config.name)
     definition = config.to_dict()
@@ -189,7 +194,12 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     stop_file.unlink(missing_ok=True)
     handlers = _on_signals(stop)
     pipeline = Pipeline(
-        name, lake, source, data_plane=_data_plane(config), settings=config.settings, maintenance=config.maintenance
+        name,
+        lake,
+        source,
+        data_plane=_data_plane(config, source),
+        settings=config.settings,
+        maintenance=config.maintenance,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
@@ -372,13 +382,16 @@ def _exclusive(lake: Lake, name: str) -> TextIO:
     return handle
 
 
-def _data_plane(config: PipelineConfig) -> DataPlane:
+def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
+    """The configured plane; on a cluster, executors get reclock and the source's package shipped."""
     if config.engine == "local":
         return LocalDataPlane()
-    from reclock.spark import spark_session
+    from reclock.spark import shipped_packages, spark_session
+
+    ship = shipped_packages(source)
 
     def start() -> Any:
-        return spark_session(config.spark_master, config.spark_conf)
+        return spark_session(config.spark_master, config.spark_conf, ship=ship)
 
     plane = StartingSparkDataPlane(start, small_batch_offsets=config.small_batch_offsets)
     if not config.spark_background_start:

@@ -1,4 +1,5 @@
-"""Integration fixtures: one real local Spark session for the whole run.
+"""Integration fixtures: one real local Spark session for the whole run, and on demand a Spark
+standalone cluster and the Python environments of a plugin user and of a cluster node.
 
 Starting Spark costs seconds, so the session is shared; each test gets its own lake in tmp_path.
 Tests that need executors in separate JVMs start their own job in a subprocess instead, since a
@@ -9,8 +10,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from tests.integration.envs import ROOT, bare_env, pip_install, reclock_script
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -22,3 +27,27 @@ def spark():
     session = spark_session("local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def plugin_python(tmp_path_factory) -> Path:
+    """A user's environment: reclock (this checkout) and the guide's plugin installed by pip."""
+    python = bare_env(tmp_path_factory.mktemp("plugin-env") / "env", ROOT)
+    pip_install(python, ROOT / "tests" / "plugins" / "sensorlog")
+    reclock_script(python)
+    return python
+
+
+@pytest.fixture(scope="session")
+def executor_python(tmp_path_factory) -> Path:
+    """A cluster node's Python: reclock's dependencies, but neither reclock nor any plugin."""
+    return bare_env(tmp_path_factory.mktemp("node-env") / "env")
+
+
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory) -> Iterator:
+    """A Spark standalone master and two workers, separate processes (see tests/integration/cluster.py)."""
+    from tests.integration.cluster import StandaloneCluster
+
+    with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as cluster:
+        yield cluster

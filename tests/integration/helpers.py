@@ -17,6 +17,7 @@ from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.sources.generator import AUCTIONS, BIDS, PERSONS
 from reclock.time import decode_partition
+from tests.faults.reader import DeltaLog, Remap, read_rows
 
 
 def output_rows(lake: Path, pipeline: str) -> dict[str, list[tuple[str, int, int]]]:
@@ -113,3 +114,38 @@ def write_numbered_csvs(folder: Path, count: int, rows: Callable[[int], int]) ->
         (folder / f"f{f:02}.csv").write_text("id,name\n" + "".join(f"{i},r{i}\n" for i in range(n)))
         sizes[f"f{f:02}.csv"] = n
     return sizes
+
+
+def sensorlog_rows(logs: Path) -> dict[str, dict[tuple[str, int], dict]]:
+    """The sensorlog plugin's ground truth: per output, (site, line) -> the columns that line must
+    give, parsed here from the files, not by the plugin."""
+    out: dict[str, dict[tuple[str, int], dict]] = {"readings": {}, "alerts": {}, "_errors": {}}
+    for path in sorted(logs.glob("*.jsonl")):
+        for offset, line in enumerate(path.read_bytes().split(b"\n")[:-1]):
+            key = (path.stem, offset)
+            try:
+                record = json.loads(line)
+            except ValueError:
+                out["_errors"][key] = {"raw": line}
+                continue
+            if "alert" in record:
+                out["alerts"][key] = {"sensor": record["sensor"], "message": record["alert"]}
+            else:
+                out["readings"][key] = {"sensor": record["sensor"], "celsius": record["c"]}
+    return out
+
+
+def assert_rows_exactly_once(lake: Path, pipeline: str, expected: dict[str, dict[tuple[str, int], dict]]) -> None:
+    """Every record in exactly one row of its output, with the given columns' values, stamped as the
+    remap table's bindings say; read from outside (``tests.faults.reader``: the Delta logs and pyarrow)."""
+    remap = Remap.read(lake / pipeline / "remap")
+    for output, want in expected.items():
+        rows = read_rows(DeltaLog(lake / pipeline / "outputs" / output).refresh())
+        rows = rows.to_pylist() if rows is not None else []
+        keys = Counter((r["_partition"], r["_offset"]) for r in rows)
+        assert [k for k, n in keys.items() if n > 1] == [], f"{output}: duplicated rows"
+        missing, unexpected = sorted(set(want) - set(keys)), sorted(set(keys) - set(want))
+        assert not missing and not unexpected, f"{output}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        for r in rows:
+            assert {k: r[k] for k in want[(r["_partition"], r["_offset"])]} == want[(r["_partition"], r["_offset"])]
+            assert remap.stamp_holds(r["_partition"], r["_offset"], r["_into_ts"]), (output, r)

@@ -151,7 +151,7 @@ def test_a_starting_job_says_starting_before_its_data_plane_is_up(tmp_path, monk
     lake.status_path("auctions").write_text('{"pipeline": "auctions", "health": "running", "updated_ms": 0}')
     seen = []
 
-    def data_plane(config):
+    def data_plane(config, source):
         seen.append(read_status(lake, "auctions"))
         return LocalDataPlane()
 

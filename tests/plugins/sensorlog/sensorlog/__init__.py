@@ -1,0 +1,1 @@
+"""A reclock source plugin: JSON-lines sensor logs, one file per site (see ``sensorlog.source``)."""
