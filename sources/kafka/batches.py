@@ -28,6 +28,7 @@ sets (magic 0 and 1, from brokers older than 0.11) are handed to kafka-python's 
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,12 +98,7 @@ def parse(buf: bytes | memoryview, *, keys: bool = False, headers: bool = False,
     sections: list[memoryview | bytes] = []
     batches: list[tuple[int, int, int, int]] = []  # base offset, base timestamp, record count, flags
     next_offset = None
-    pos = 0
-    while pos + _HEADER <= len(view):
-        base, length = _PREFIX.unpack_from(view, pos)
-        end = pos + 12 + length
-        if end > len(view) or (until is not None and base >= until):
-            break
+    for pos, end, base in _whole_batches(view, until):
         magic, crc, attributes, last_delta, base_ts, max_ts, _, _, _, count = _TAIL.unpack_from(view, pos + 16)
         if magic != 2:
             raise CorruptBatch(f"record batch at offset {base}: magic {magic} inside a v2 fetch")
@@ -115,7 +111,6 @@ def parse(buf: bytes | memoryview, *, keys: bool = False, headers: bool = False,
             sections.append(body if codec == 0 else _decompress(codec, body, base))
             stamp = max_ts if attributes & _LOG_APPEND_TIME else base_ts
             batches.append((base, stamp, count, attributes & _LOG_APPEND_TIME))
-        pos = end
     if not batches:
         return _empty(keys, headers, next_offset)
     joined = b"".join(sections)
@@ -134,15 +129,21 @@ def next_offset(buf: bytes | memoryview, *, until: int | None = None) -> int | N
     if len(view) >= 17 and view[16] != 2:
         return _legacy(bytes(view), keys=False, headers=False).next_offset
     after = None
+    for pos, _, base in _whole_batches(view, until):
+        after = base + _LAST_DELTA.unpack_from(view, pos + 23)[0] + 1
+    return after
+
+
+def _whole_batches(view: memoryview, until: int | None) -> Iterator[tuple[int, int, int]]:
+    """``(start, end, base offset)`` of each whole batch in ``view`` that starts below ``until``."""
     pos = 0
     while pos + _HEADER <= len(view):
         base, length = _PREFIX.unpack_from(view, pos)
         end = pos + 12 + length
         if end > len(view) or (until is not None and base >= until):
-            break
-        after = base + _LAST_DELTA.unpack_from(view, pos + 23)[0] + 1
+            return
+        yield pos, end, base
         pos = end
-    return after
 
 
 def _records(
