@@ -19,9 +19,7 @@ the same way but never skipped.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError, ErrorKind, classify, describe
-from reclock.persist.sink import DELETED, DataFile, write_data_file
+from reclock.persist.sink import DELETED, DataFile, discard_data_file, write_data_file
+from reclock.persist.store import LOCAL, Store
 from reclock.sources.base import ERRORS, Source, Split, error_batch
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
@@ -55,6 +54,8 @@ class BatchPlan:
     file_rows: int = 1_000_000
     #: Per output that is not ``append``: its envelope and key columns (see :mod:`sources.base`).
     envelopes: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    #: The lake's store: tasks write their files straight into it (a folder or an object store).
+    store: Store = LOCAL
 
 
 @dataclass(frozen=True)
@@ -153,7 +154,7 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
         _run_split(plan, split, files, stats)
     except Exception as exc:
         for f in files:
-            _unlink(os.path.join(plan.roots[f.output], f.path))
+            discard_data_file(plan.roots[f.output], f, plan.store)
         return SplitResult(
             split,
             started_ms=int(started * 1000),
@@ -204,15 +205,10 @@ def _run_split(plan: BatchPlan, split: Split, files: list[DataFile], stats: dict
     files.extend(_flush(plan, output, pending, counts) for output in list(pending))
 
 
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.remove(path)
-
-
 def _flush(plan: BatchPlan, output: str, pending: dict[str, list[pa.Table]], counts: dict[str, int]) -> DataFile:
     table = pa.concat_tables(pending.pop(output))
     counts.pop(output)
-    return write_data_file(plan.roots[output], output, table)
+    return write_data_file(plan.roots[output], output, table, plan.store)
 
 
 def _unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
