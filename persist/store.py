@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -249,6 +250,13 @@ class Store:
                 os.remove(path)
             else:
                 self.filesystem().delete_file(path.location)
+
+    def delete_tree(self, path: LakePath) -> None:
+        """Remove a folder and everything under it, if it is there."""
+        if isinstance(path, Path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif self._info(path).type == pafs.FileType.Directory:
+            self.filesystem().delete_dir(path.location)
 
     def makedirs(self, path: LakePath) -> None:
         """Create a folder locally; object stores have none to create."""

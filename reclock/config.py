@@ -209,12 +209,18 @@ def _maintenance(section: Mapping[str, Any], fail: Callable[[str, str], ConfigEr
 
 
 def build_source(
-    config: PipelineConfig, *, created_at_ms: int, file: str | None = None, generations_path: str | None = None
+    config: PipelineConfig,
+    *,
+    created_at_ms: int,
+    file: str | None = None,
+    generations_path: str | None = None,
+    generations_reader: Callable[[], str | None] | None = None,
 ) -> Source:
     """Instantiate the configured source; its own validation errors are prefixed ``source.``.
 
     What only the runtime knows is passed to sources that ask for it by parameter name: the time
-    the pipeline was created (``anchor_ms``) and where dropped files' generations are kept.
+    the pipeline was created (``anchor_ms``) and where dropped files' generations are kept (a
+    local path, or a reader of the file in an object-store lake).
     """
     options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k != "kind"}
     hidden = _hidden(config.source, options)
@@ -224,6 +230,8 @@ def build_source(
         options.setdefault("anchor_ms", created_at_ms)
     if "generations_path" in params and generations_path is not None:
         options.setdefault("generations_path", generations_path)
+    if "generations_reader" in params and generations_reader is not None:
+        options.setdefault("generations_reader", generations_reader)
     if "group_id" in params:
         options.setdefault("group_id", f"reclock-{config.name}")
     try:

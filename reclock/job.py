@@ -10,6 +10,7 @@ status snapshot and, on a terminal, one progress line.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
-from reclock.persist.store import LakePath
+from reclock.persist.store import LakePath, Store
 from reclock.pipeline import BatchReport, BatchState, Pipeline
 from reclock.resumption import resume_upper
 from reclock.sources.base import Source
@@ -159,13 +160,27 @@ def maintain(
 
 
 def _source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
-    """The stored pipeline's source, built the same way for the job and for the CLI's questions."""
+    """The stored pipeline's source, built the same way for the job and for the CLI's questions.
+
+    A files source reads dropped files' generations from the lake: by path from a local lake, and
+    through the lake's store from an object-store lake.
+    """
+    where = generations_file(lake, name)
+    if lake.store.remote:
+        reader = functools.partial(_text_or_none, lake.store, where)
+        return build_source(
+            config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_reader=reader
+        )
     return build_source(
-        config,
-        created_at_ms=created_at,
-        file=str(lake.definition_path(name)),
-        generations_path=str(generations_file(lake, name)),
+        config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_path=str(where)
     )
+
+
+def _text_or_none(store: Store, path: LakePath) -> str | None:
+    try:
+        return store.read_text(path)
+    except FileNotFoundError:
+        return None
 
 
 def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> FilesSource:

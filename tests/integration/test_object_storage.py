@@ -24,7 +24,13 @@ from reclock.persist.lake import Lake
 from reclock.persist.remap import RemapTable
 from reclock.time import Frontier, encode_partition
 from tests.faults.reader import DeltaLog, Remap, read_rows
-from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
+from tests.integration.helpers import (
+    expected_generator_offsets,
+    files_pipeline_config,
+    reclock_cli,
+    write_config,
+    write_numbered_csvs,
+)
 from tests.integration.s3 import S3Server, mirror
 
 pytestmark = [pytest.mark.integration]
@@ -213,3 +219,30 @@ def test_storage_credentials_stay_out_of_the_lake_the_status_and_the_output(s3_s
     wrong = reclock_cli("--lake", lake_uri, "--storage-option", "secret=${S3_SECRET}", "status", env=env)
     assert wrong.returncode == 2 and secret not in wrong.stderr
     assert "storage_options.secret: unknown storage option" in wrong.stderr
+
+
+def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_store(s3_server, tmp_path):
+    """Dropped files' generations live in the store: a drop written by one command is what the next
+    job reads, and the file is ingested once more as a new generation, nothing else twice."""
+    bucket = s3_server.bucket()
+    lake_uri = f"s3://{bucket}/lake"
+    env = {**os.environ, **s3_server.environ}
+    folder = tmp_path / "in"
+    sizes = write_numbered_csvs(folder, 3, lambda f: 4 + f)
+    config = files_pipeline_config(tmp_path / "files.toml", folder, pipeline={"lake": lake_uri, "batch_interval": 0.05})
+    assert reclock_cli("create", str(config), env=env).returncode == 0
+    assert reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
+    listed = reclock_cli("--lake", lake_uri, "files", "ingest", "--json", env=env)
+    assert {(r["path"], r["state"]) for r in json.loads(listed.stdout)} == {(p, "Loaded") for p in sizes}
+    dropped = reclock_cli("--lake", lake_uri, "drop-file", "ingest", "f01.csv", env=env)
+    assert dropped.returncode == 0, dropped.stderr
+    assert reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
+
+    copy = mirror(s3_server, bucket, "lake/ingest", tmp_path / "mirror")
+    assert json.loads((copy / "control" / "generations.json").read_text()) == {"f01.csv": 1}
+    rows = read_rows(DeltaLog(copy / "outputs" / "rows").refresh()).to_pylist()
+    per_partition = Counter(r["_partition"] for r in rows)
+    assert per_partition == {
+        **{encode_partition((p, 0)): n for p, n in sizes.items()},
+        encode_partition(("f01.csv", 1)): sizes["f01.csv"],
+    }
