@@ -11,8 +11,9 @@ lake (full, read-only), so the reader reports ``stalled`` with that hint instead
 
 The lock of an object-store lake is local to the machine of its job (see :mod:`reclock.persist.lake`),
 so there a snapshot's live health is believed while the lock is held here *or* the snapshot is
-younger than :data:`STALE_AFTER_S`: a reader on another machine sees a killed job as ``dead`` once
-its heartbeat stops, instead of at once.
+younger than :data:`STALE_AFTER_S` and was not written by a job that held this machine's lock and
+lost it: a reader on the job's machine sees a killed job as ``dead`` at once, one on another
+machine once its heartbeat stops.
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict
         return status
     earlier = f"; last error: {status['last_error']}" if status.get("last_error") else ""
     age = ((time.time() * 1000 if now_ms is None else now_ms) - status.get("updated_ms", 0)) / 1000
-    if not job_alive(lake, pipeline) and not (lake.store.remote and age <= STALE_AFTER_S):
+    alive = job_alive(lake, pipeline) or (
+        lake.store.remote and age <= STALE_AFTER_S and not _died_here(lake, pipeline, status.get("pid"))
+    )
+    if not alive:
         status["last_error"] = (
             f"the job (pid {status.get('pid')}) ended without a final status while {status['health']}{earlier}; "
             "start it again to resume"
@@ -85,6 +89,14 @@ def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict
         )
         status["health"] = "stalled"
     return status
+
+
+def _died_here(lake: Lake, pipeline: str, pid: int | None) -> bool:
+    """Whether the job that wrote the snapshot held this machine's lock, now free: it is dead."""
+    try:
+        return lake.job_lock_path(pipeline).read_text().strip() == f"pid {pid}"
+    except OSError:
+        return False
 
 
 def job_alive(lake: Lake, pipeline: str) -> bool:

@@ -246,3 +246,31 @@ def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_s
         **{encode_partition((p, 0)): n for p, n in sizes.items()},
         encode_partition(("f01.csv", 1)): sizes["f01.csv"],
     }
+
+
+def test_a_second_job_on_the_same_s3_lake_is_refused_and_a_killed_one_shows_dead(s3_server, tmp_path):
+    """The job lock of an object-store lake is a local file keyed by the lake's URI (the lease of
+    a later change reaches across machines): on this machine it works as on a local lake."""
+    lake_uri = f"s3://{s3_server.bucket()}/lake"
+    env = {**os.environ, **s3_server.environ}
+    config = write_config(
+        tmp_path / "p.toml",
+        pipeline={"name": "only", "lake": lake_uri, "engine": "local", "batch_interval": 0.1},
+        source={"kind": "generator", "partitions": 2, "rate": 2_000},
+    )
+    assert reclock_cli("create", str(config), env=env).returncode == 0
+    job = _start(lake_uri, "only", env)
+    try:
+        deadline = time.monotonic() + 60
+        while _status_from_server(s3_server, lake_uri.split("/")[2], "lake/only/status.json").get("batches", 0) < 2:
+            assert time.monotonic() < deadline, "the job never got going"
+            time.sleep(0.2)
+        second = reclock_cli("--lake", lake_uri, "start", "only", env=env)
+        assert second.returncode == 1 and "is already running" in second.stderr
+        running = json.loads(reclock_cli("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
+        assert running[0]["health"] == "running"
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    dead = json.loads(reclock_cli("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
+    assert dead[0]["health"] == "dead" and f"pid {job.pid}" in dead[0]["last_error"]
