@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -274,3 +275,60 @@ def test_a_second_job_on_the_same_s3_lake_is_refused_and_a_killed_one_shows_dead
         job.wait(timeout=30)
     dead = json.loads(reclock_cli("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
     assert dead[0]["health"] == "dead" and f"pid {job.pid}" in dead[0]["last_error"]
+
+
+def _guide_blocks(fence: str, marker: str) -> list[str]:
+    """The ``fence`` blocks of docs/object-storage.md that follow a line containing ``marker``
+    (padded so that their lines keep their markdown line numbers in a traceback)."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "object-storage.md").read_text().splitlines()
+    blocks = []
+    for i, line in enumerate(lines):
+        if marker in line and lines[i + 1].strip() == f"```{fence}":
+            end = lines.index("```", i + 2)
+            blocks.append("\n" * (i + 2) + "\n".join(lines[i + 2 : end]))
+    return blocks
+
+
+def test_the_object_storage_guide_recipes_run_against_the_server(s3_server, tmp_path, monkeypatch):
+    """The guide's pipeline file and its as-of recipes, run as written against the test server."""
+    client = s3_server.client()
+    client.create_bucket(Bucket="analytics")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        "S3_ENDPOINT": s3_server.endpoint,
+        "S3_KEY_ID": s3_server.access_key_id,
+        "S3_SECRET": s3_server.secret_access_key,
+    }
+    [toml] = _guide_blocks("toml", "illustrative: tests/integration/test_object_storage.py creates")
+    (tmp_path / "orders.toml").write_text(toml)
+    created = reclock_cli("create", str(tmp_path / "orders.toml"), env=env)
+    assert created.returncode == 0, created.stderr
+    env.update(
+        {
+            "AWS_ACCESS_KEY_ID": s3_server.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": s3_server.secret_access_key,
+            "AWS_REGION": "eu-west-1",
+            "AWS_ENDPOINT_URL": s3_server.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+        }
+    )
+    done = reclock_cli("--lake", "s3://analytics/lakes/prod", "start", "orders", env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "S3_ENDPOINT"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("RECLOCK_LAKE", "s3://analytics/lakes/prod")
+    recipes = _guide_blocks("python", "test_the_object_storage_guide_recipes_run_against_the_server")
+    assert len(recipes) == 2
+    namespace: dict = {}
+    for recipe in recipes:
+        exec(compile(recipe, "docs/object-storage.md", "exec"), namespace)
+    expected = expected_generator_offsets(4, 20_000)
+    assert {o: t.num_rows for o, t in namespace["tables"].items()} == {
+        **{o: len(k) for o, k in expected.items()},
+        "_errors": 0,
+    }
+    assert namespace["table"].num_rows == len(expected["bids"])
+    assert namespace["label"] >= max(namespace["table"].column("_into_ts").to_pylist())
