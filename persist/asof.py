@@ -71,7 +71,10 @@ def readable_upper(
 def read_as_of(
     lake: LakeLike, pipeline: str, as_of: IntoTime, *, storage_options: Mapping[str, Any] | None = None
 ) -> dict[str, pa.Table]:
-    """Every output of ``pipeline`` (``_errors`` included) as of ``as_of``, as Arrow tables."""
+    """Every output of ``pipeline`` (``_errors`` included) as of ``as_of``, as Arrow tables.
+
+    ``storage_options`` reach a lake in an object store, as for :func:`readable_upper`.
+    """
     lake = Lake.at(lake, storage_options)
     tables = _plan(lake, pipeline, as_of)
     out = {}
