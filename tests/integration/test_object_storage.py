@@ -20,9 +20,11 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from reclock.errors import FencedError
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
-from reclock.persist.lake import Lake
+from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
+from reclock.persist.sink import OutputSink, table_schema, write_data_file
 from reclock.time import Frontier, encode_partition
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import (
@@ -89,6 +91,32 @@ def test_two_writers_racing_on_the_remap_table_one_loses_and_adopts_what_won(s3_
     assert bound[0] == [(1000 * i, 10 * i) for i in range(1, 10)] + [(9001, 95)]
     assert bound[1] == [(1000 * i, 7 * i) for i in range(1, 10)]
     assert Remap(rows).frontier_at(9001) == {encode_partition(0): 95, encode_partition(1): 63}
+
+
+def test_sink_labels_on_the_server_skip_a_replay_and_fence_a_stale_driver(s3_server, tmp_path):
+    bucket = s3_server.bucket()
+    lake = Lake.at(f"s3://{bucket}/lake", s3_server.storage_options)
+    path, app_id = lake.output_path("p", "t"), sink_id("p", "t")
+    schema = table_schema(pa.schema([("x", pa.int64())]))
+
+    def batch(sink: OutputSink, xs: list[int], into_ts: int):
+        rows = pa.table({"x": xs, "_into_ts": [into_ts] * len(xs), "_partition": ["0"] * len(xs), "_offset": xs})
+        return [write_data_file(str(sink.write_root), "t", rows.cast(schema), lake.store)]
+
+    first, second = (
+        OutputSink(path, app_id, schema, store=lake.store),
+        OutputSink(path, app_id, schema, store=lake.store),
+    )
+    assert first.commit(batch(first, [1, 2], 5), 5)
+    assert not second.commit(batch(second, [1, 2], 5), 5), "a replay of a committed batch landed again"
+    with pytest.raises(FencedError):
+        second.commit(batch(second, [3], 9), 9, planned_upper=0)  # planned before the first driver's commit
+
+    table = mirror(s3_server, bucket, "lake/p/outputs/t", tmp_path / "t")
+    log = DeltaLog(table).refresh()
+    assert log.txns == {app_id: 5}
+    assert sorted(read_rows(log).column("x").to_pylist()) == [1, 2]
+    assert [p.name for p in table.glob("*.parquet")] == [Path(f).name for f in log.files], "a discarded file lingers"
 
 
 def _start(lake_uri: str, name: str, env: dict[str, str]) -> subprocess.Popen:
