@@ -12,8 +12,9 @@ history_minutes``), and a read older than that is refused, never answered from o
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -22,6 +23,7 @@ from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import ENVELOPE
+from reclock.persist.store import LOCAL, LakePath, Store
 from reclock.resumption import is_finished, resume_upper
 from reclock.time import INTO_TS, IntoTime, label_upper
 
@@ -34,56 +36,73 @@ __all__ = ["CLOSED_UPPER", "output_upper", "read_as_of", "read_as_of_spark", "re
 CLOSED_UPPER: IntoTime = 2**63 - 1
 
 
-def output_upper(path: Path, app_id: str) -> IntoTime:
+#: A lake as the read API takes it: a path or URI (with ``storage_options``), or a :class:`Lake`.
+LakeLike = str | os.PathLike[str] | Lake
+
+
+def output_upper(path: LakePath, app_id: str, store: Store = LOCAL) -> IntoTime:
     """An output table's upper, from its newest label."""
-    return label_upper(DeltaTable(str(path)).transaction_version(app_id))
+    return label_upper(store.open_table(path).transaction_version(app_id))
 
 
-def readable_upper(lake: str | Path | Lake, pipelines: str | list[str]) -> IntoTime:
+def readable_upper(
+    lake: LakeLike, pipelines: str | list[str], *, storage_options: Mapping[str, Any] | None = None
+) -> IntoTime:
     """First into time for which no consistent cut across all outputs of ``pipelines`` exists yet.
 
     A *finished* pipeline (its source closed and every output holding the closing binding) never
     changes again, so like Materialize's empty frontier it holds nobody back: it contributes
     nothing, and if every pipeline is finished the result is :data:`CLOSED_UPPER`.
+    ``storage_options`` reach a lake in an object store (``s3://bucket/prefix``).
     """
-    lake = lake if isinstance(lake, Lake) else Lake.at(lake)
+    lake = Lake.at(lake, storage_options)
     names = [pipelines] if isinstance(pipelines, str) else pipelines
     upper = CLOSED_UPPER
     for name in names:
-        uppers = [output_upper(lake.output_path(name, o), sink_id(name, o)) for o in lake.outputs(name)]
+        uppers = [output_upper(lake.output_path(name, o), sink_id(name, o), lake.store) for o in lake.outputs(name)]
         if not uppers:
             return 0
-        if is_finished(RemapTable(lake.remap_path(name)).bindings, resume_upper(uppers)):
+        if is_finished(RemapTable(lake.remap_path(name), lake.store).bindings, resume_upper(uppers)):
             continue
         upper = min(upper, *uppers)
     return upper
 
 
-def read_as_of(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[str, pa.Table]:
-    """Every output of ``pipeline`` (``_errors`` included) as of ``as_of``, as Arrow tables."""
+def read_as_of(
+    lake: LakeLike, pipeline: str, as_of: IntoTime, *, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, pa.Table]:
+    """Every output of ``pipeline`` (``_errors`` included) as of ``as_of``, as Arrow tables.
+
+    ``storage_options`` reach a lake in an object store, as for :func:`readable_upper`.
+    """
+    lake = Lake.at(lake, storage_options)
     tables = _plan(lake, pipeline, as_of)
     out = {}
     for output, table in tables.items():
         try:
-            out[output] = read_table(table, filters=[(INTO_TS, "<=", as_of)])
+            out[output] = read_table(table, filters=[(INTO_TS, "<=", as_of)], store=lake.store)
         except FileNotFoundError:
             raise _vacuumed(pipeline, output, as_of) from None
     return out
 
 
-def read_as_of_spark(
-    spark: SparkSession, lake: str | Path | Lake, pipeline: str, as_of: IntoTime
-) -> dict[str, DataFrame]:
-    """Like :func:`read_as_of`, as Spark DataFrames over the same files (no Delta jars needed)."""
+def read_as_of_spark(spark: SparkSession, lake: LakeLike, pipeline: str, as_of: IntoTime) -> dict[str, DataFrame]:
+    """Like :func:`read_as_of`, as Spark DataFrames over the same files (no Delta jars needed).
+
+    A local lake only: Spark reads an object store through Hadoop's connectors, not this store.
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
+    lake = Lake.at(lake)
+    if lake.store.remote:
+        raise ValueError(f"read_as_of_spark reads local lakes; read {lake.uri} with read_as_of")
     tables = _plan(lake, pipeline, as_of)
     out = {}
     for output, table in tables.items():
         schema = pa.schema(table.schema().to_arrow())
         uris = table.file_uris()
-        if not all(Path(uri).exists() for uri in uris):
+        if not all(os.path.exists(uri) for uri in uris):
             raise _vacuumed(pipeline, output, as_of)
         spark_schema = from_arrow_schema(schema)
         frame = spark.read.schema(spark_schema).parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
@@ -91,24 +110,23 @@ def read_as_of_spark(
     return out
 
 
-def _plan(lake: str | Path | Lake, pipeline: str, as_of: IntoTime) -> dict[str, DeltaTable]:
+def _plan(lake: Lake, pipeline: str, as_of: IntoTime) -> dict[str, DeltaTable]:
     """Per output, the snapshot to read: the latest for an append output, else the version that
     first reached ``as_of``."""
-    lake = lake if isinstance(lake, Lake) else Lake.at(lake)
     upper = readable_upper(lake, pipeline)
     if as_of >= upper:
         raise ValueError(f"pipeline {pipeline!r}: no consistent cut at {as_of} yet; readable upper is {upper}")
     tables: dict[str, DeltaTable] = {}
     for output in lake.outputs(pipeline):
         path = lake.output_path(pipeline, output)
-        latest = DeltaTable(str(path))
+        latest = lake.store.open_table(path)
         if latest.metadata().configuration.get(ENVELOPE) == "append":
             tables[output] = latest
             continue
-        version = _first_version_reaching(path, sink_id(pipeline, output), as_of)
+        version = _first_version_reaching(lake.store, path, sink_id(pipeline, output), as_of)
         if version is None:
             raise _vacuumed(pipeline, output, as_of)
-        tables[output] = DeltaTable(str(path), version=version)
+        tables[output] = lake.store.open_table(path, version=version)
     return tables
 
 
@@ -120,7 +138,7 @@ def _vacuumed(pipeline: str, output: str, as_of: IntoTime) -> ValueError:
     )
 
 
-def _first_version_reaching(path: Path, app_id: str, as_of: IntoTime) -> int | None:
+def _first_version_reaching(store: Store, path: LakePath, app_id: str, as_of: IntoTime) -> int | None:
     """Least table version whose label is ``>= as_of`` (labels only grow with versions), or
     ``None`` when the log that would say which version that is was cleaned up.
 
@@ -131,30 +149,30 @@ def _first_version_reaching(path: Path, app_id: str, as_of: IntoTime) -> int | N
     hold the same rows: only unlabelled commits such as optimize separate them). Otherwise the cut
     lies before the retained history, and an upsert output's rows then have changed since.
     """
-    lo, hi = 0, DeltaTable(str(path)).version()
+    lo, hi = 0, store.open_table(path).version()
     while lo < hi:
         mid = (lo + hi) // 2
-        label = _label_at(path, app_id, mid)
+        label = _label_at(store, path, app_id, mid)
         if label is not None and label >= as_of:
             hi = mid
         else:
             lo = mid + 1
-    if lo == 0 or _loadable(path, lo - 1) or _label_at(path, app_id, lo) == as_of:
+    if lo == 0 or _loadable(store, path, lo - 1) or _label_at(store, path, app_id, lo) == as_of:
         return lo
     return None
 
 
-def _label_at(path: Path, app_id: str, version: int) -> IntoTime | None:
+def _label_at(store: Store, path: LakePath, app_id: str, version: int) -> IntoTime | None:
     """The label at ``version``; ``None`` before the first batch or when its log is gone."""
     try:
-        return DeltaTable(str(path), version=version).transaction_version(app_id)
+        return store.open_table(path, version=version).transaction_version(app_id)
     except Exception:  # the log of ``version`` is gone: so is everything before it
         return None
 
 
-def _loadable(path: Path, version: int) -> bool:
+def _loadable(store: Store, path: LakePath, version: int) -> bool:
     try:
-        DeltaTable(str(path), version=version)
+        store.open_table(path, version=version)
     except Exception:  # cleaned up by log retention
         return False
     return True

@@ -1,4 +1,4 @@
-"""Where a pipeline's tables live inside a lake folder.
+"""Where a pipeline's tables live inside a lake: a local folder or a prefix in an object store.
 
 One folder per pipeline keeps everything that must agree (bindings, outputs, errors, definition)
 side by side, so a lake can be copied or deleted as a unit::
@@ -8,15 +8,26 @@ side by side, so a lake can be copied or deleted as a unit::
     <lake>/<pipeline>/outputs/<name>/   Delta: one table per output, ``_errors`` included
     <lake>/<pipeline>/control/          stop requests, the job lock, dropped files' generations
     <lake>/<pipeline>/status.json       the latest status snapshot
+
+A lake is a local path (``file://`` allowed) or ``s3://bucket/prefix``; every file and table in it
+is read and written through its :class:`~reclock.persist.store.Store`. The job lock is a kernel
+lock, so it needs a local file: an object-store lake keeps it in a local state folder keyed by the
+lake's URI (it then only sees jobs on this machine; the sinks' labels fence the others).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from reclock.errors import ConfigError
+from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 
 __all__ = ["NAME_PATTERN", "Lake", "sink_id"]
 
@@ -31,55 +42,77 @@ def sink_id(pipeline: str, output: str) -> str:
 
 @dataclass(frozen=True)
 class Lake:
-    root: Path
+    root: LakePath
+    store: Store = field(default=LOCAL)
 
     @classmethod
-    def at(cls, root: str | Path) -> Lake:
+    def at(cls, root: str | os.PathLike[str] | Lake, storage_options: Mapping[str, Any] | None = None) -> Lake:
         """The lake at ``root``, which need not exist yet; a file in its place is a ConfigError.
 
         Checked here, once, so that no command fails later with ``NotADirectoryError`` deep in
-        a write (or lists an empty lake where a file is).
+        a write (or lists an empty lake where a file is). ``storage_options`` apply to an
+        object-store lake (see :mod:`reclock.persist.store`).
         """
-        path = Path(root).expanduser().resolve()
-        existing = next(p for p in (path, *path.parents) if p.exists())
-        if not existing.is_dir():
-            raise ConfigError("lake", f"{path} cannot be a lake folder: {existing} is a file")
-        return cls(path)
+        if isinstance(root, Lake):
+            if storage_options:
+                return cls(root.root, Store.for_root(root.root, {**root.store.options, **storage_options}))
+            return root
+        path = parse_lake(root)
+        if isinstance(path, Path):
+            existing = next(p for p in (path, *path.parents) if p.exists())
+            if not existing.is_dir():
+                raise ConfigError("lake", f"{path} cannot be a lake folder: {existing} is a file")
+        return cls(path, Store.for_root(path, storage_options))
 
-    def pipeline_dir(self, pipeline: str) -> Path:
+    @property
+    def uri(self) -> str:
+        """The lake as a user names it: a local path or ``s3://bucket/prefix``."""
+        return str(self.root)
+
+    def pipeline_dir(self, pipeline: str) -> LakePath:
         return self.root / pipeline
 
-    def definition_path(self, pipeline: str) -> Path:
+    def definition_path(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "definition.json"
 
-    def remap_path(self, pipeline: str) -> Path:
+    def remap_path(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "remap"
 
-    def outputs_dir(self, pipeline: str) -> Path:
+    def outputs_dir(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "outputs"
 
-    def output_path(self, pipeline: str, output: str) -> Path:
+    def output_path(self, pipeline: str, output: str) -> LakePath:
         return self.outputs_dir(pipeline) / output
 
-    def control_dir(self, pipeline: str) -> Path:
+    def control_dir(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "control"
 
-    def job_lock_path(self, pipeline: str) -> Path:
-        """Held (``flock``) by the running job for its whole life; the OS releases it on death."""
-        return self.control_dir(pipeline) / "job.lock"
+    def status_table_path(self, table: str) -> LakePath:
+        return self.root / "_status" / table
 
-    def status_path(self, pipeline: str) -> Path:
+    def job_lock_path(self, pipeline: str) -> Path:
+        """Held (``flock``) by the running job for its whole life; the OS releases it on death.
+
+        In the lake for a local lake; for an object-store lake in a local state folder, one per
+        lake URI, since a kernel lock needs a local file.
+        """
+        if isinstance(self.root, Path):
+            return self.control_dir(pipeline) / "job.lock"
+        digest = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"reclock-{os.getuid()}" / "locks" / digest / f"{pipeline}.lock"
+
+    def status_path(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "status.json"
 
     def pipelines(self) -> list[str]:
         """Names of the pipelines created in this lake, sorted."""
-        if not self.root.is_dir():
-            return []
-        return sorted(p.parent.name for p in self.root.glob("*/definition.json"))
+        if isinstance(self.root, Path):
+            if not self.root.is_dir():
+                return []
+            return sorted(p.parent.name for p in self.root.glob("*/definition.json"))
+        return [name for name in self.store.folders(self.root) if self.store.exists(self.definition_path(name))]
 
     def outputs(self, pipeline: str) -> list[str]:
         """Names of the output tables a pipeline has, ``_errors`` included, sorted."""
         base = self.outputs_dir(pipeline)
-        if not base.is_dir():
-            return []
-        return sorted(p.name for p in base.iterdir() if (p / "_delta_log").is_dir())
+        return [name for name in self.store.folders(base) if self.store.is_table(base / name)]

@@ -13,20 +13,30 @@ from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
+
+from reclock.persist.store import LOCAL, Store
 
 __all__ = ["read_table"]
 
 
 def read_table(
-    table: DeltaTable, *, columns: Sequence[str] | None = None, filters: list[tuple[str, str, Any]] | None = None
+    table: DeltaTable,
+    *,
+    columns: Sequence[str] | None = None,
+    filters: list[tuple[str, str, Any]] | None = None,
+    store: Store = LOCAL,
 ) -> pa.Table:
-    """The rows of ``table``'s loaded version (optionally some columns, filtered), as Arrow."""
+    """The rows of ``table``'s loaded version (optionally some columns, filtered), as Arrow.
+
+    ``store`` reads the files of a table in an object store (the one the table was opened with).
+    """
     schema = pa.schema(table.schema().to_arrow())
     files = table.file_uris()
     if not files:
         empty = schema.empty_table()
         return empty.select(list(columns)) if columns is not None else empty
-    data = pq.read_table(files, schema=schema, columns=list(columns) if columns is not None else None, filters=filters)
+    data = store.read_parquet(
+        files, schema=schema, columns=list(columns) if columns is not None else None, filters=filters
+    )
     return data

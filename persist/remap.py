@@ -40,6 +40,7 @@ from reclock.bindings import Bindings
 from reclock.persist.read import read_table
 from reclock.persist.sink import write_data_file
 from reclock.persist.storage import lake_io
+from reclock.persist.store import LOCAL, LakePath, Store, StorePath
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition, wall_clock_ms
 
 __all__ = ["COMPACTED", "REMAP_SCHEMA", "RemapTable", "Skip"]
@@ -76,11 +77,12 @@ COMPACTED = "compacted"
 class RemapTable:
     """Owner of one pipeline's bindings: the synced view plus the Delta table behind it."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: LakePath, store: Store = LOCAL) -> None:
+        self.path = path if isinstance(path, StorePath) else Path(path)
+        self.store = store
         with lake_io("opening the remap table"):
-            self._table = _open_or_create(self.path)
-            self._bindings, self._skips = _replay(self._table)
+            self._table = _open_or_create(self.path, store)
+            self._bindings, self._skips = _replay(self._table, store)
         self._unsure = False
 
     @property
@@ -107,8 +109,8 @@ class RemapTable:
     def sync(self) -> Bindings:
         """Catch up with whatever other writers committed since this view was read."""
         with lake_io("reading the remap table"):
-            self._table = DeltaTable(str(self.path))
-            self._bindings, self._skips = _replay(self._table)
+            self._table = self.store.open_table(self.path)
+            self._bindings, self._skips = _replay(self._table, self.store)
         self._unsure = False
         return self._bindings
 
@@ -204,7 +206,7 @@ class RemapTable:
         and never silently against another writer's, and a mint costs the same at any age.
         """
         version = self._table.version()
-        data = write_data_file(str(self.path), "remap", rows)
+        data = write_data_file(self.path, "remap", rows, self.store)
         self._table.create_write_transaction(
             [AddAction(data.path, data.size, {}, wall_clock_ms(), True, data.stats)],
             mode=mode,
@@ -214,14 +216,14 @@ class RemapTable:
         self._table.load_as_version(version + 1)
 
 
-def _open_or_create(path: Path) -> DeltaTable:
-    if (path / "_delta_log").is_dir():
-        return DeltaTable(str(path))
+def _open_or_create(path: LakePath, store: Store) -> DeltaTable:
+    if store.is_table(path):
+        return store.open_table(path)
     try:
-        return DeltaTable.create(str(path), schema=REMAP_SCHEMA, name="reclock_remap")
+        return store.create_table(path, REMAP_SCHEMA, name="reclock_remap")
     except Exception:
-        if (path / "_delta_log").is_dir():
-            return DeltaTable(str(path))
+        if store.is_table(path):
+            return store.open_table(path)
         raise
 
 
@@ -276,8 +278,8 @@ def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier, *, not
     )
 
 
-def _replay(table: DeltaTable) -> tuple[Bindings, list[Skip]]:
-    data = read_table(table).sort_by("into_ts").to_pydict()
+def _replay(table: DeltaTable, store: Store) -> tuple[Bindings, list[Skip]]:
+    data = read_table(table, store=store).sort_by("into_ts").to_pydict()
     bindings = Bindings()
     skips: list[Skip] = []
     frontier: dict = {}

@@ -18,25 +18,32 @@ let a late replay through.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
 from reclock.errors import FencedError
 from reclock.persist.storage import lake_io
+from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, label_upper, wall_clock_ms
 
-__all__ = ["DELETED", "ENVELOPE", "INTO_TS", "DataFile", "OutputSink", "table_schema", "write_data_file"]
+__all__ = [
+    "DELETED",
+    "ENVELOPE",
+    "INTO_TS",
+    "DataFile",
+    "OutputSink",
+    "discard_data_file",
+    "table_schema",
+    "write_data_file",
+]
 
 
 #: Staged-only column of upsert and debezium outputs: the record deletes its key.
@@ -69,22 +76,34 @@ class DataFile:
     stats: str
 
 
-def write_data_file(root: str, output: str, table: pa.Table) -> DataFile:
-    """Write ``table`` as one parquet file under ``root``; runs inside a Spark task.
+def write_data_file(root: str | LakePath, output: str, table: pa.Table, store: Store = LOCAL) -> DataFile:
+    """Write ``table`` as one parquet file under ``root`` (a folder or a store's URI); runs inside
+    a Spark task, which writes straight into the store.
 
     The file is invisible until a commit adds it; a failed attempt leaves an orphan for ``vacuum``.
     """
     name = f"part-{uuid.uuid4().hex}.snappy.parquet"
-    full = os.path.join(root, name)
+    full = _root(root) / name
     stats = _stats_json(table)
     with lake_io(f"writing a data file of output {output}"):
         try:
-            pq.write_table(table, full, compression="snappy")
-            size = os.path.getsize(full)
+            size = store.write_parquet(full, table)
         except Exception:
-            _unlink(full)  # a half-written file on a full disk is nobody's: free its space now
+            store.delete(full)  # a half-written file on a full disk is nobody's: free its space now
             raise
     return DataFile(output, name, size, table.num_rows, stats)
+
+
+def discard_data_file(root: str | LakePath, file: DataFile, store: Store = LOCAL) -> None:
+    """Remove a file no commit references; on a read-only lake it stays an orphan for ``vacuum``."""
+    store.delete(_root(root) / file.path)
+
+
+def _root(root: str | LakePath) -> LakePath:
+    """A folder given as text (tasks get them so): a store's URI or a local path, as it was."""
+    if isinstance(root, str):
+        return parse_lake(root) if "://" in root else Path(root)
+    return root
 
 
 class OutputSink:
@@ -97,32 +116,34 @@ class OutputSink:
 
     def __init__(
         self,
-        path: Path,
+        path: LakePath,
         app_id: str,
         schema: pa.Schema,
         *,
         envelope: str = "append",
         key: tuple[str, ...] = (),
-        staging: Path | None = None,
+        staging: LakePath | None = None,
+        store: Store = LOCAL,
     ) -> None:
-        self.path = Path(path)
+        self.path = _root(path)
         self.app_id = app_id
         self.envelope = envelope
         self.key = key
         self.schema = schema
+        self.store = store
         self.staging = (
-            None if envelope == "append" else Path(staging or self.path.parent / f".staging-{self.path.name}")
+            None if envelope == "append" else _root(staging or self.path.parent / f".staging-{self.path.name}")
         )
         with lake_io(f"creating output table {self.path.name}"):
             if self.staging is not None:
-                self.staging.mkdir(parents=True, exist_ok=True)
-            if not (self.path / "_delta_log").is_dir():
+                store.makedirs(self.staging)
+            if not store.is_table(self.path):
                 try:
-                    DeltaTable.create(str(self.path), schema=schema)
+                    store.create_table(self.path, schema)
                 except Exception:
-                    if not (self.path / "_delta_log").is_dir():
+                    if not store.is_table(self.path):
                         raise
-            self._table = DeltaTable(str(self.path))
+            self._table = store.open_table(self.path)
             if self._table.metadata().configuration.get(ENVELOPE) != envelope:
                 self._table.alter.set_table_properties({ENVELOPE: envelope}, raise_if_not_exists=False)
         self.refresh()
@@ -133,7 +154,7 @@ class OutputSink:
         return self._upper
 
     @property
-    def write_root(self) -> Path:
+    def write_root(self) -> LakePath:
         """Where tasks write this output's files: the table, or the staging folder for a MERGE."""
         return self.staging or self.path
 
@@ -214,7 +235,7 @@ class OutputSink:
 
     def _merge(self, table: DeltaTable, files: list[DataFile], properties: CommitProperties) -> None:
         """One MERGE of the latest staged record per key, on the snapshot the label was read from."""
-        staged = pq.read_table([str(self.staging / f.path) for f in files], schema=self.write_schema)
+        staged = self.store.read_parquet([str(self.staging / f.path) for f in files], schema=self.write_schema)
         order = staged.append_column("__order", pa.array(range(staged.num_rows), pa.int64()))
         order = order.sort_by([(INTO_TS, "ascending"), (OFFSET, "ascending"), ("__order", "ascending")])
         order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))
@@ -232,13 +253,7 @@ class OutputSink:
 
     def _discard(self, files: list[DataFile]) -> None:
         for f in files:
-            _unlink(self.write_root / f.path)
-
-
-def _unlink(path: str | Path) -> None:
-    """Remove a file nobody references; on a read-only lake it stays an orphan for ``vacuum``."""
-    with contextlib.suppress(OSError):
-        os.remove(path)
+            discard_data_file(self.write_root, f, self.store)
 
 
 def _label_upper(table: DeltaTable, app_id: str) -> IntoTime:

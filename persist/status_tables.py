@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from reclock.persist import maintenance
 from reclock.persist.lake import Lake
@@ -120,10 +120,10 @@ class StatusTables:
             pending = {name: rows for name, rows in self._buffer.items() if rows}
             self._buffer = {name: [] for name in STATUS_SCHEMAS}
         for name, rows in pending.items():
-            path = self.lake.root / "_status" / name
+            path = self.lake.status_table_path(name)
             data = pa.Table.from_pylist(rows, schema=STATUS_SCHEMAS[name])
             try:
-                write_deltalake(str(path), data, mode="append")
+                write_deltalake(str(path), data, mode="append", storage_options=self.lake.store.delta_options)
             except Exception as exc:  # observability must never take the pipeline down
                 log.warning("could not write status table %s: %s", name, exc)
         self._flushes += 1
@@ -143,10 +143,10 @@ class StatusTables:
         """Expire old rows, then compact and vacuum; other jobs of the lake may do it at once."""
         cutoff = wall_clock_ms() - self.retention_ms
         for name in STATUS_SCHEMAS:
-            path = self.lake.root / "_status" / name
-            if (path / "_delta_log").is_dir():
+            path = self.lake.status_table_path(name)
+            if self.lake.store.is_table(path):
                 try:
-                    table = DeltaTable(str(path))
+                    table = self.lake.store.open_table(path)
                     table.delete(f"time_ms < {cutoff}")
                     maintenance.set_retention(table, _STATUS_HISTORY_MINUTES)
                     maintenance.optimize(table, _STATUS_FILE_BYTES)
@@ -157,8 +157,8 @@ class StatusTables:
 
 def read_status_table(lake: Lake, table: str, pipeline: str | None = None) -> pa.Table:
     """A status table's rows, oldest first, optionally of one pipeline (empty if never written)."""
-    path = lake.root / "_status" / table
-    if not (path / "_delta_log").is_dir():
+    path = lake.status_table_path(table)
+    if not lake.store.is_table(path):
         return STATUS_SCHEMAS[table].empty_table()
     filters = [("pipeline", "=", pipeline)] if pipeline else None
-    return read_table(DeltaTable(str(path)), filters=filters).sort_by("time_ms")
+    return read_table(lake.store.open_table(path), filters=filters, store=lake.store).sort_by("time_ms")

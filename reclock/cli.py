@@ -19,11 +19,9 @@ from dataclasses import asdict, replace
 from typing import NoReturn
 
 import pyarrow as pa
-import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from reclock import job
-from reclock.config import load_config
+from reclock.config import expand_storage_options, load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
@@ -97,6 +95,19 @@ def _finite(text: str, bound: str, fits: Callable[[float], bool]) -> float:
     return value
 
 
+def _storage_option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE, got {key.strip() or text!r}")
+    return key.strip(), value
+
+
+def _lake(args: argparse.Namespace) -> Lake:
+    """The lake the command names, reached with its ``--storage-option``s (``${NAME}`` expanded)."""
+    options = expand_storage_options(dict(getattr(args, "storage_option", [])))
+    return Lake.at(args.lake, options or None)
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -112,7 +123,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lake",
         default=os.environ.get("RECLOCK_LAKE"),
-        help="lake folder (default: $RECLOCK_LAKE, else ./lake; for create: the config's lake)",
+        help="lake folder or s3://bucket/prefix (default: $RECLOCK_LAKE, else ./lake; for create: the config's lake)",
+    )
+    parser.add_argument(
+        "--storage-option",
+        action="append",
+        type=_storage_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="how to reach an s3:// lake: endpoint, region, access_key_id, secret_access_key, allow_http, ... "
+        "(VALUE may be ${NAME}, taken from the environment; AWS_* variables apply too); repeat for each",
     )
     commands = parser.add_subparsers(required=True, metavar="command")
 
@@ -183,14 +203,15 @@ def _parser() -> argparse.ArgumentParser:
 def _create(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.lake is not None:  # an explicit --lake or $RECLOCK_LAKE wins over the file's
-        config = replace(config, lake=str(Lake.at(args.lake).root))
-    path = job.create(config, replace=args.replace, file=args.config)
+        config = replace(config, lake=_lake(args).uri)
+    options = expand_storage_options(dict(args.storage_option))
+    path = job.create(config, replace=args.replace, file=args.config, storage_options=options)
     print(f"created pipeline {config.name!r} in {path.parent.parent}")
     return 0
 
 
 def _start(args: argparse.Namespace) -> int:
-    lake = Lake.at(args.lake)
+    lake = _lake(args)
     pipeline = job.run(lake, args.name, progress=sys.stderr, max_seconds=args.max_seconds)
     if pipeline.health is Health.FAILED:
         print(f"reclock: pipeline {args.name!r} failed (state Error): {pipeline.last_error}", file=sys.stderr)
@@ -199,7 +220,7 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _drop_file(args: argparse.Namespace) -> int:
-    generation = job.drop_file(Lake.at(args.lake), args.name, args.path)
+    generation = job.drop_file(_lake(args), args.name, args.path)
     print(
         f"dropped {args.path!r} from pipeline {args.name!r}: the next batch ingests it again (generation {generation})"
     )
@@ -208,7 +229,7 @@ def _drop_file(args: argparse.Namespace) -> int:
 
 def _maintain(args: argparse.Namespace) -> int:
     report = job.maintain(
-        Lake.at(args.lake), args.name, optimize=args.optimize, vacuum=args.vacuum, history_minutes=args.history_minutes
+        _lake(args), args.name, optimize=args.optimize, vacuum=args.vacuum, history_minutes=args.history_minutes
     )
     if args.optimize:
         merged = sum(report.optimized.values())
@@ -244,7 +265,7 @@ _COLUMNS = {
 
 
 def _show_table(args: argparse.Namespace) -> int:
-    lake = Lake.at(args.lake)
+    lake = _lake(args)
     if args.table == "files":
         rows = [asdict(s) for s in job.file_states(lake, args.name)]  # derived from the lake, newest first
     else:
@@ -265,9 +286,11 @@ def _show_table(args: argparse.Namespace) -> int:
 def _record_errors(lake: Lake, name: str) -> list[dict]:
     """Rows of the pipeline's ``_errors`` output, shaped like the errors status table."""
     path = lake.output_path(name, ERRORS)
-    if not (path / "_delta_log").is_dir():
+    if not lake.store.is_table(path):
         return []
-    table = read_table(DeltaTable(str(path)), columns=["kind", "message", PARTITION, OFFSET, INTO_TS])
+    table = read_table(
+        lake.store.open_table(path), columns=["kind", "message", PARTITION, OFFSET, INTO_TS], store=lake.store
+    )
     return [
         {
             "time_ms": r[INTO_TS],
@@ -293,7 +316,7 @@ def _cell(column: str, value: object) -> str:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    lake = Lake.at(args.lake)
+    lake = _lake(args)
     job.load(lake, args.name)
     job.request_stop(lake, args.name)
     print(f"asked pipeline {args.name!r} to stop after its in-flight batch")
@@ -308,7 +331,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    lake = Lake.at(args.lake)
+    lake = _lake(args)
     names = [args.name] if args.name else lake.pipelines()
     if args.name:
         job.load(lake, args.name)
@@ -393,7 +416,7 @@ def _output_status(lake: Lake, name: str, output: str) -> tuple[int, int]:
     writer may leave them out) is counted from its parquet footer instead.
     """
     root = lake.output_path(name, output)
-    table = DeltaTable(str(root))
+    table = lake.store.open_table(root)
     label = table.transaction_version(sink_id(name, output))
     count = 0
     if table.file_uris():
@@ -401,7 +424,7 @@ def _output_status(lake: Lake, name: str, output: str) -> tuple[int, int]:
         for path, records in zip(
             actions.column("path").to_pylist(), actions.column("num_records").to_pylist(), strict=True
         ):
-            count += records if records is not None else pq.ParquetFile(root / path).metadata.num_rows
+            count += records if records is not None else lake.store.parquet_rows(root / path)
     return count, label_upper(label)
 
 
@@ -409,11 +432,11 @@ def _demo(args: argparse.Namespace) -> int:
     from reclock.demo import run_demo
 
     as_of = run_demo(
-        Lake.at(args.lake), events=args.events, rate=args.rate, engine=args.engine, out=sys.stderr, source=args.source
+        _lake(args), events=args.events, rate=args.rate, engine=args.engine, out=sys.stderr, source=args.source
     )
     if as_of is None:
         return 1
-    cut = read_as_of(Lake.at(args.lake), "demo", as_of)
+    cut = read_as_of(_lake(args), "demo", as_of)
     print(f"\nconsistent as-of read of every output at into time {as_of} ({_when(as_of)}):")
     print(
         _table(
@@ -422,7 +445,7 @@ def _demo(args: argparse.Namespace) -> int:
         )
     )
     print()
-    return _status(argparse.Namespace(lake=args.lake, name="demo", json=False))
+    return _status(argparse.Namespace(lake=args.lake, storage_option=args.storage_option, name="demo", json=False))
 
 
 def _agg(table: pa.Table, fn) -> int | None:

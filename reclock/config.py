@@ -16,6 +16,10 @@ Example::
     [spark]
     master = "local[2]"
 
+    [storage_options]          # only for a lake in an object store: lake = "s3://bucket/prefix"
+    endpoint = "${S3_ENDPOINT}"
+    secret_access_key = "${S3_SECRET}"
+
     [maintenance]              # optional; these are the defaults
     every = 500                # batches between the job's own table maintenance (0: never)
     history_minutes = 0        # upsert outputs' as-of reads and time travel stay exact this far back
@@ -40,11 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from reclock.errors import ConfigError
+from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
 from reclock.sources.base import Source
 
-__all__ = ["PipelineConfig", "build_source", "load_config", "parse_config", "redacted"]
+__all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_config", "parse_config", "redacted"]
 
 _ENGINES = ("spark", "local")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -64,9 +69,13 @@ class PipelineConfig:
     small_batch_offsets: int = 20_000
     maintenance: Maintenance = field(default_factory=Maintenance)
     spark_background_start: bool = True
+    #: How ``create`` reaches an object-store lake, as written (``${NAME}`` not expanded). Not part
+    #: of the stored definition: they say how to reach the lake, which a reader of it already knew.
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """The stored definition: exactly what a TOML file with these values would say."""
+        """The stored definition: exactly what a TOML file with these values would say, less
+        ``[storage_options]`` (credentials never go into the lake)."""
         pipeline = {
             "name": self.name,
             "lake": self.lake,
@@ -114,8 +123,13 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
 
-    _only(raw, {"pipeline", "spark", "maintenance", "source"}, "", fail)
+    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options"}, "", fail)
     pipeline = _section(raw, "pipeline", fail, required=True)
+    storage_options = dict(_section(raw, "storage_options", fail))
+    try:
+        check_storage_options(storage_options)
+    except ConfigError as exc:
+        raise fail(exc.field, exc.reason) from None
     spark = _section(raw, "spark", fail)
     maintenance = _maintenance(_section(raw, "maintenance", fail), fail)
     source = dict(_section(raw, "source", fail, required=True))
@@ -129,7 +143,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
 
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
     lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
-    if base is not None and not os.path.isabs(os.path.expanduser(lake)):
+    if base is not None and "://" not in lake and not os.path.isabs(os.path.expanduser(lake)):
         lake = str((base / lake).resolve())
     engine = _typed(pipeline, "engine", str, "pipeline.", fail, default="spark")
     retention = _typed(pipeline, "status_retention_days", float, "pipeline.", fail, default=7.0)
@@ -175,6 +189,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         small,
         maintenance,
         background,
+        storage_options,
     )
     from reclock.persist.lake import NAME_PATTERN
 
@@ -194,12 +209,18 @@ def _maintenance(section: Mapping[str, Any], fail: Callable[[str, str], ConfigEr
 
 
 def build_source(
-    config: PipelineConfig, *, created_at_ms: int, file: str | None = None, generations_path: str | None = None
+    config: PipelineConfig,
+    *,
+    created_at_ms: int,
+    file: str | None = None,
+    generations_path: str | None = None,
+    generations_reader: Callable[[], str | None] | None = None,
 ) -> Source:
     """Instantiate the configured source; its own validation errors are prefixed ``source.``.
 
     What only the runtime knows is passed to sources that ask for it by parameter name: the time
-    the pipeline was created (``anchor_ms``) and where dropped files' generations are kept.
+    the pipeline was created (``anchor_ms``) and where dropped files' generations are kept (a
+    local path, or a reader of the file in an object-store lake).
     """
     options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k != "kind"}
     hidden = _hidden(config.source, options)
@@ -212,6 +233,8 @@ def build_source(
         options.setdefault("anchor_ms", created_at_ms)
     if "generations_path" in params and generations_path is not None:
         options.setdefault("generations_path", generations_path)
+    if "generations_reader" in params and generations_reader is not None:
+        options.setdefault("generations_reader", generations_reader)
     if "group_id" in params:
         options.setdefault("group_id", f"reclock-{config.name}")
     try:
@@ -221,6 +244,11 @@ def build_source(
         raise ConfigError(f"source.{exc.field}", message, file=file) from None
     except (TypeError, ValueError) as exc:  # a source that did not say which option: still one line
         raise ConfigError("source", _conceal(f"{type(exc).__name__}: {exc}", hidden), file=file) from None
+
+
+def expand_storage_options(options: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+    """``[storage_options]`` with ``${NAME}`` taken from the environment (an unset one is an error)."""
+    return {k: _expand(v, f"storage_options.{k}", file) for k, v in options.items()}
 
 
 # Keys whose values are secrets; not "key" or "ssl" alone: key columns and certificate paths are not.

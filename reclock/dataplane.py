@@ -19,7 +19,6 @@ the same way but never skipped.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -34,7 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError, ErrorKind, classify, describe
-from reclock.persist.sink import DELETED, DataFile, write_data_file
+from reclock.persist.sink import DELETED, DataFile, discard_data_file, write_data_file
+from reclock.persist.store import LOCAL, Store
 from reclock.sources.base import ERRORS, Source, Split, error_batch
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
@@ -68,6 +68,8 @@ class BatchPlan:
     file_rows: int = 1_000_000
     #: Per output that is not ``append``: its envelope and key columns (see :mod:`sources.base`).
     envelopes: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    #: The lake's store: tasks write their files straight into it (a folder or an object store).
+    store: Store = LOCAL
 
 
 @dataclass(frozen=True)
@@ -327,7 +329,7 @@ class _Task:
     def _flush(self, output: str) -> DataFile:
         table = pa.concat_tables(self.pending.pop(output))
         self.counts.pop(output)
-        return write_data_file(self.plan.roots[output], output, table)
+        return write_data_file(self.plan.roots[output], output, table, self.plan.store)
 
     def finish(self) -> list[DataFile]:
         self.files.extend(self._flush(output) for output in list(self.pending))
@@ -336,7 +338,7 @@ class _Task:
     def discard(self) -> None:
         """Remove the files written so far: nothing of a failed task may be committed."""
         for f in self.files:
-            _unlink(os.path.join(self.plan.roots[f.output], f.path))
+            discard_data_file(self.plan.roots[f.output], f, self.plan.store)
 
 
 class _Owners:
@@ -399,11 +401,6 @@ class _Owners:
                 mine = rows[which == j]
                 if len(mine):
                     yield owner, mine
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.remove(path)
 
 
 def _unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:

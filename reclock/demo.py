@@ -22,7 +22,6 @@ and the lag stays small.
 from __future__ import annotations
 
 import multiprocessing
-import shutil
 import tempfile
 import threading
 import time
@@ -76,7 +75,7 @@ def run_demo(
     """
     if source not in SOURCES:
         raise ConfigError("source", f"must be one of {', '.join(SOURCES)}, got {source!r}")
-    shutil.rmtree(lake.pipeline_dir(DEMO), ignore_errors=True)
+    lake.store.delete_tree(lake.pipeline_dir(DEMO))
     if source == "generator":
         return _generator_demo(lake, events=events, rate=rate, engine=engine, out=out)
     return _kafka_demo(lake, events=events, rate=rate, engine=engine, out=out)
@@ -92,7 +91,7 @@ def _generator_demo(lake: Lake, *, events: int, rate: float, engine: str, out: T
             "source": {"kind": "generator", "partitions": DEMO_PARTITIONS, "rate": rate, "limit": events},
         }
     )
-    job.create(config)
+    job.create(config, storage_options=lake.store.options)
     out.write(f"demo: {events:,} auction events at {rate:,.0f}/s -> persons, auctions, bids in {lake.root}/{DEMO}\n")
     pipeline = job.run(lake, DEMO, progress=out)
     if pipeline.health is Health.FAILED:
@@ -129,7 +128,7 @@ def _kafka_demo(lake: Lake, *, events: int, rate: float, engine: str, out: TextI
                 },
             }
         )
-        job.create(config)
+        job.create(config, storage_options=lake.store.options)
         out.write(
             f"demo: {events:,} auction events produced as JSON at up to {rate:,.0f}/s to Kafka topics "
             f"{', '.join(schemas)} ({DEMO_PARTITIONS} partitions each) on an embedded broker at {broker.bootstrap},\n"

@@ -133,8 +133,8 @@ def read_file_states(lake: Lake, pipeline: str, source: FilesSource) -> list[Fil
     """
     loaded_upper = min(_output_upper(lake, pipeline, o.name) for o in source.outputs())  # first: see the module doc
     path = lake.remap_path(pipeline)
-    if (path / "_delta_log").is_dir():
-        remap = RemapTable(path)
+    if lake.store.is_table(path):
+        remap = RemapTable(path, lake.store)
         bindings, skips = remap.bindings, remap.skips
     else:
         bindings, skips = Bindings(), []
@@ -175,4 +175,4 @@ def _is_file(partition: Partition) -> bool:
 def _output_upper(lake: Lake, pipeline: str, output: str) -> IntoTime:
     """First into time ``output`` does not hold (0 when it has no table yet)."""
     path = lake.output_path(pipeline, output)
-    return output_upper(path, sink_id(pipeline, output)) if (path / "_delta_log").is_dir() else 0
+    return output_upper(path, sink_id(pipeline, output), lake.store) if lake.store.is_table(path) else 0

@@ -10,18 +10,18 @@ status snapshot and, on a terminal, one progress line.
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any, TextIO
 
-from reclock.config import PipelineConfig, build_source, parse_config, redacted
+from reclock.config import PipelineConfig, build_source, expand_storage_options, parse_config, redacted
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
@@ -33,6 +33,7 @@ from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
+from reclock.persist.store import LakePath, Store
 from reclock.pipeline import BatchReport, BatchState, Pipeline
 from reclock.resumption import resume_upper
 from reclock.sources.base import Source
@@ -41,24 +42,31 @@ from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.status_restore import restore_history
 from reclock.time import encode_partition, wall_clock_ms
 
-__all__ = ["create", "drop_file", "file_states", "load", "request_stop", "run"]
+__all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
 
 log = logging.getLogger("reclock.job")
 
 
 def create(
-    config: PipelineConfig, *, replace: bool = False, now: Callable[[], int] = wall_clock_ms, file: str | None = None
-) -> Path:
+    config: PipelineConfig,
+    *,
+    replace: bool = False,
+    now: Callable[[], int] = wall_clock_ms,
+    file: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> LakePath:
     """Validate ``config`` (the source too) and store it; refuse to silently change an existing one.
 
     ``file`` is where the definition came from: the source's own errors name it like the others.
+    The lake is reached with the config's ``[storage_options]`` and then ``storage_options`` (the
+    command line's, which win); neither is stored in the definition (see :func:`lake_of`).
     """
     build_source(config, created_at_ms=now(), file=file)
-    lake = Lake.at(config.lake)
+    lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
     definition = config.to_dict()
-    if path.exists():
-        stored = json.loads(path.read_text())
+    if lake.store.exists(path):
+        stored = json.loads(lake.store.read_text(path))
         if stored["definition"] == definition:
             return path
         if not replace:
@@ -69,25 +77,29 @@ def create(
         created = stored["created_at_ms"]
     else:
         created = now()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"definition": definition, "created_at_ms": created}, indent=1))
+    lake.store.write_text(path, json.dumps({"definition": definition, "created_at_ms": created}, indent=1))
     return path
+
+
+def lake_of(config: PipelineConfig, storage_options: Mapping[str, Any] | None = None) -> Lake:
+    """The lake a definition names, reached with its ``[storage_options]`` (``${NAME}`` expanded
+    from the environment) and then ``storage_options``, which win."""
+    options = {**expand_storage_options(config.storage_options), **(storage_options or {})}
+    return Lake.at(config.lake, options or None)
 
 
 def load(lake: Lake, name: str) -> tuple[PipelineConfig, int]:
     path = lake.definition_path(name)
-    if not path.exists():
+    if not lake.store.exists(path):
         known = ", ".join(lake.pipelines()) or "none"
         raise ConfigError("name", f"no pipeline {name!r} in lake {lake.root} (known: {known})")
-    stored = json.loads(path.read_text())
+    stored = json.loads(lake.store.read_text(path))
     return parse_config(stored["definition"], file=str(path)), stored["created_at_ms"]
 
 
 def request_stop(lake: Lake, name: str) -> None:
     """Ask a running job to stop after its in-flight batch."""
-    control = lake.control_dir(name)
-    control.mkdir(parents=True, exist_ok=True)
-    (control / "stop").touch()
+    lake.store.touch(lake.control_dir(name) / "stop")
 
 
 def file_states(lake: Lake, name: str) -> list[FileStatus]:
@@ -122,19 +134,7 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
     if why is not None:
         raise ConfigError("path", f"pipeline {name!r} cannot drop {path!r}: it {why} (see reclock files)")
     generations[path] = generations.get(path, 0) + 1
-    generations_path = generations_file(lake, name)
-    generations_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = generations_path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(json.dumps(generations, indent=1, sort_keys=True))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, generations_path)
-    directory = os.open(generations_path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
+    lake.store.write_text(generations_file(lake, name), json.dumps(generations, indent=1, sort_keys=True), durable=True)
     return generations[path]
 
 
@@ -154,21 +154,35 @@ def maintain(
     lock = _exclusive(lake, name)
     try:
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
-        upper = resume_upper(output_upper(path, sink_id(name, o)) for o, path in outputs.items())
-        remap = RemapTable(lake.remap_path(name))
+        upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
+        remap = RemapTable(lake.remap_path(name), lake.store)
         return run_maintenance(remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum)
     finally:
         lock.close()
 
 
 def _source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
-    """The stored pipeline's source, built the same way for the job and for the CLI's questions."""
+    """The stored pipeline's source, built the same way for the job and for the CLI's questions.
+
+    A files source reads dropped files' generations from the lake: by path from a local lake, and
+    through the lake's store from an object-store lake.
+    """
+    where = generations_file(lake, name)
+    if lake.store.remote:
+        reader = functools.partial(_text_or_none, lake.store, where)
+        return build_source(
+            config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_reader=reader
+        )
     return build_source(
-        config,
-        created_at_ms=created_at,
-        file=str(lake.definition_path(name)),
-        generations_path=str(generations_file(lake, name)),
+        config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_path=str(where)
     )
+
+
+def _text_or_none(store: Store, path: LakePath) -> str | None:
+    try:
+        return store.read_text(path)
+    except FileNotFoundError:
+        return None
 
 
 def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> FilesSource:
@@ -177,7 +191,7 @@ def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int
     return source
 
 
-def generations_file(lake: Lake, name: str) -> Path:
+def generations_file(lake: Lake, name: str) -> LakePath:
     return lake.control_dir(name) / "generations.json"
 
 
@@ -191,7 +205,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     source = _source(lake, name, config, created_at)
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
-    stop_file.unlink(missing_ok=True)
+    lake.store.delete(stop_file)
     handlers = _on_signals(stop)
     pipeline = Pipeline(
         name,
@@ -203,7 +217,9 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
-        target=_watch, args=(stop_file, stop, max_seconds, lambda: _heartbeat(lake, status)), daemon=True
+        target=_watch,
+        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: _heartbeat(lake, status)),
+        daemon=True,
     )
     watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days)
@@ -408,16 +424,27 @@ def _on_signals(stop: threading.Event) -> dict[int, object]:
     return previous
 
 
-def _watch(stop_file: Path, stop: threading.Event, max_seconds: float | None, beat: Callable[[], None]) -> None:
+def _watch(
+    stop_requested: Callable[[], bool], stop: threading.Event, max_seconds: float | None, beat: Callable[[], None]
+) -> None:
     """Stop on request or deadline; keep the status snapshot fresh while a batch or backoff runs."""
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     next_beat = time.monotonic() + HEARTBEAT_S
     while not stop.wait(0.2):
-        if stop_file.exists() or (deadline is not None and time.monotonic() > deadline):
+        if _asked(stop_requested) or (deadline is not None and time.monotonic() > deadline):
             stop.set()
         if time.monotonic() >= next_beat:
             beat()
             next_beat = time.monotonic() + HEARTBEAT_S
+
+
+def _asked(stop_requested: Callable[[], bool]) -> bool:
+    """Whether a stop was requested; a lake that cannot be asked now (a network blip) has not."""
+    try:
+        return stop_requested()
+    except OSError as exc:
+        log.info("could not look for a stop request: %s", exc)
+        return False
 
 
 _status_lock = threading.Lock()

@@ -28,12 +28,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-
-from deltalake import DeltaTable
 
 from reclock.persist import maintenance as tables
 from reclock.persist.remap import RemapTable
+from reclock.persist.store import LakePath
 from reclock.settings import Maintenance
 from reclock.time import IntoTime
 
@@ -54,7 +52,7 @@ class MaintenanceReport:
 
 def maintain(
     remap: RemapTable,
-    outputs: Mapping[str, Path],
+    outputs: Mapping[str, LakePath],
     resume_upper: IntoTime,
     now_ms: int,
     policy: Maintenance,
@@ -65,7 +63,8 @@ def maintain(
     """Compact the remap table and ``optimize``, then ``vacuum``, every output; one pass.
 
     ``resume_upper`` is the least upper of ``outputs``: the remap table is compacted strictly below
-    it, so the next batch (which starts there) stamps exactly as before. Each step is its own
+    it, so the next batch (which starts there) stamps exactly as before. The tables are in the
+    remap table's store (the lake's). Each step is its own
     commit and safe to interrupt at any point: a crash leaves either the old or the new state of
     a table, never a mixture, and the next run picks up from there.
     """
@@ -79,7 +78,7 @@ def maintain(
     report.since = remap.bindings.since
     paths = {"remap": remap.path, **outputs}
     for name, path in paths.items():
-        table = DeltaTable(str(path))
+        table = remap.store.open_table(path)
         tables.set_retention(table, minutes)
         if optimize and name != "remap":
             report.optimized[name] = tables.optimize(table, policy.target_file_mb << 20)

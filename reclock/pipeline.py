@@ -49,7 +49,7 @@ from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
 from reclock.persist.remap import RemapTable, Skip
-from reclock.persist.sink import DataFile, OutputSink, table_schema, write_data_file
+from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
@@ -131,7 +131,7 @@ class Pipeline:
         self._now = now
         self._on_step = on_step or (lambda step: None)
         self.outputs = _outputs_of(source)
-        self.remap = RemapTable(self.lake.remap_path(name))
+        self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
         self.sinks = {
             output.name: OutputSink(
@@ -140,6 +140,7 @@ class Pipeline:
                 table_schema(output.schema),
                 envelope=output.envelope,
                 key=output.key,
+                store=self.lake.store,
             )
             for output in self.outputs.values()
         }
@@ -358,6 +359,7 @@ class Pipeline:
             schemas={name: sink.write_schema for name, sink in self.sinks.items()},
             file_rows=self.settings.file_rows,
             envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
+            store=self.lake.store,
         )
         # Step 4: write.
         started = wall_clock_ms()
@@ -368,7 +370,7 @@ class Pipeline:
         if any(r.error for r in results):
             for r in results:
                 for f in r.files:
-                    (Path(plan.roots[f.output]) / f.path).unlink(missing_ok=True)
+                    discard_data_file(plan.roots[f.output], f, plan.store)
             report.state = BatchState.FAILED
             report.duration_ms = wall_clock_ms() - started
             failure = BatchFailed(report)
@@ -407,7 +409,7 @@ class Pipeline:
         ]
         reasons = error_batch(partitions, starts, ["skipped"] * len(skips), messages, [None] * len(skips))
         table = output_rows(reasons, into, plan.schemas[ERRORS]).filter(pa.array(keep))
-        return [write_data_file(plan.roots[ERRORS], ERRORS, table)]
+        return [write_data_file(plan.roots[ERRORS], ERRORS, table, plan.store)]
 
     def _skip(self, report: BatchReport, attempts: int) -> None:
         """Give up the failed splits of a batch, durably, before anything of it commits."""

@@ -1,12 +1,19 @@
 """The status snapshot a running job publishes after every batch, for ``reclock status``.
 
-Written atomically (write a temporary file, then rename) so a reader never sees half a snapshot.
+Written atomically (a temporary file renamed over it, or one PUT in an object store) so a reader
+never sees half a snapshot.
 A snapshot is a claim made in the past: a job killed by SIGKILL, the OOM killer or a power cut
 leaves one that still says ``running``. So :func:`read_status` believes a live health only while
 the job's lock is held, which the operating system releases the moment the process dies, and
 otherwise reports ``dead``. A live job rewrites its snapshot at least every :data:`HEARTBEAT_S`
 seconds, batch or no batch; one older than :data:`STALE_AFTER_S` means the job cannot write the
 lake (full, read-only), so the reader reports ``stalled`` with that hint instead of the claim.
+
+The lock of an object-store lake is local to the machine of its job (see :mod:`reclock.persist.lake`),
+so there a snapshot's live health is believed while the lock is held here *or* the snapshot is
+younger than :data:`STALE_AFTER_S` and was not written by a job that held this machine's lock and
+lost it: a reader on the job's machine sees a killed job as ``dead`` at once, one on another
+machine once its heartbeat stops.
 """
 
 from __future__ import annotations
@@ -14,8 +21,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -54,31 +59,29 @@ class Status:
 
 
 def write_status(lake: Lake, status: Status) -> None:
-    path = lake.status_path(status.pipeline)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".status-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(asdict(status), f, indent=1)
-    os.replace(tmp, path)
+    lake.store.write_text(lake.status_path(status.pipeline), json.dumps(asdict(status), indent=1))
 
 
 def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict[str, Any] | None:
     """The latest snapshot, with a live health only if its job still runs (see the module doc)."""
     try:
-        status = json.loads(lake.status_path(pipeline).read_text())
+        status = json.loads(lake.store.read_text(lake.status_path(pipeline)))
     except FileNotFoundError:
         return None
     if status.get("health") not in _LIVE:
         return status
     earlier = f"; last error: {status['last_error']}" if status.get("last_error") else ""
-    if not job_alive(lake, pipeline):
+    age = ((time.time() * 1000 if now_ms is None else now_ms) - status.get("updated_ms", 0)) / 1000
+    alive = job_alive(lake, pipeline) or (
+        lake.store.remote and age <= STALE_AFTER_S and not _died_here(lake, pipeline, status.get("pid"))
+    )
+    if not alive:
         status["last_error"] = (
             f"the job (pid {status.get('pid')}) ended without a final status while {status['health']}{earlier}; "
             "start it again to resume"
         )
         status["health"] = DEAD
         return status
-    age = ((time.time() * 1000 if now_ms is None else now_ms) - status.get("updated_ms", 0)) / 1000
     if age > STALE_AFTER_S:
         status["last_error"] = (
             f"the job (pid {status.get('pid')}) has not updated its status for {age:.0f} s: it cannot write the "
@@ -86,6 +89,14 @@ def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict
         )
         status["health"] = "stalled"
     return status
+
+
+def _died_here(lake: Lake, pipeline: str, pid: int | None) -> bool:
+    """Whether the job that wrote the snapshot held this machine's lock, now free: it is dead."""
+    try:
+        return lake.job_lock_path(pipeline).read_text().strip() == f"pid {pid}"
+    except OSError:
+        return False
 
 
 def job_alive(lake: Lake, pipeline: str) -> bool:

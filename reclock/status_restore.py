@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import logging
 
-from deltalake import DeltaTable
-
 from reclock.errors import describe
 from reclock.file_states import FileState, derive_file_states
 from reclock.persist.lake import Lake
@@ -110,6 +108,6 @@ def _recent_labels(pipeline: Pipeline) -> tuple[list[int], bool]:
     """Batch ids of the recent commits of the output that holds the most (every batch commits
     each output once), oldest first, and whether they reach back to the table's first batch."""
     holder = max(pipeline.sinks.values(), key=lambda sink: sink.upper)
-    history = DeltaTable(str(holder.path)).history(limit=_RECENT_COMMITS)
+    history = holder.store.open_table(holder.path).history(limit=_RECENT_COMMITS)
     labels = sorted({int(commit["reclock.into_ts"]) for commit in history if "reclock.into_ts" in commit})
     return labels, any(commit["version"] == 0 for commit in history)

@@ -6,7 +6,8 @@ Definitions, and why each matters to exactly-once ingestion:
   relative to the directory (or to the fixed, magic-free prefix directory of a glob) with ``/``
   separators, ``generation`` an ``int`` that starts at 0. Dropping a file
   (``ALTER PIPELINE ... DROP FILE``) makes the runtime bump its generation in the JSON file at
-  ``generations_path`` (``{relative_path: generation}``; missing means all 0). The file then
+  ``generations_path`` (``{relative_path: generation}``; missing means all 0; for a lake in an
+  object store the runtime gives ``generations_reader``, which returns that file's text). The file then
   reappears as a *new* partition at offset 0 and is ingested again; the old partition stays
   complete in every frontier, so nothing is ever read twice by accident.
 * **Offsets.** CSV and JSON lines: a record's offset is the byte position in the file where its

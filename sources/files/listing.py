@@ -26,7 +26,17 @@ from typing import BinaryIO
 from reclock.sources.files.config import FileFormat
 from reclock.time import Partition
 
-__all__ = ["Listed", "ListedFile", "absolute", "format_of", "open_regular", "read_generations", "scan", "unpack"]
+__all__ = [
+    "Listed",
+    "ListedFile",
+    "absolute",
+    "format_of",
+    "open_regular",
+    "parse_generations",
+    "read_generations",
+    "scan",
+    "unpack",
+]
 
 _EXTENSIONS: Mapping[str, FileFormat] = {
     ".csv": "csv",
@@ -144,14 +154,21 @@ def read_generations(path: str | None) -> dict[str, int]:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         return {}
+    return parse_generations(text, path)
+
+
+def parse_generations(text: str | None, where: str) -> dict[str, int]:
+    """``{relative_path: generation}`` from the text of the generations file ``where`` (``None``: none)."""
+    if text is None:
+        return {}
     try:
         data = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"generations file {path} is not valid JSON: {exc}") from exc
+        raise ValueError(f"generations file {where} is not valid JSON: {exc}") from exc
     if not isinstance(data, dict) or not all(
         isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in data.values()
     ):
-        raise ValueError(f"generations file {path} must map relative paths to integers >= 0, got {data!r}")
+        raise ValueError(f"generations file {where} must map relative paths to integers >= 0, got {data!r}")
     return data
 
 

@@ -24,6 +24,7 @@ from reclock.sources.files.listing import (
     ListedFile,
     absolute,
     format_of,
+    parse_generations,
     read_generations,
     scan,
     unpack,
@@ -68,6 +69,7 @@ class FilesSource(SourceBase):
         max_files_per_batch: int = 100,
         settle_seconds: float = 0.0,
         generations_path: str | os.PathLike[str] | None = None,
+        generations_reader: Callable[[], str | None] | None = None,
         follow_links_outside: bool = False,
         now: Callable[[], int] | None = None,
     ) -> None:
@@ -114,6 +116,11 @@ class FilesSource(SourceBase):
         if generations_path is not None and not isinstance(generations_path, (str, os.PathLike)):
             raise ConfigError("generations_path", f"must be a file path or unset, got {generations_path!r}")
         self.generations_path = None if generations_path is None else os.path.abspath(os.fspath(generations_path))
+        if generations_reader is not None and not callable(generations_reader):
+            raise ConfigError(
+                "generations_reader", f"must be a callable returning the file's text, got {generations_reader!r}"
+            )
+        self.generations_reader = generations_reader
         if not isinstance(follow_links_outside, bool):
             raise ConfigError("follow_links_outside", f"must be true or false, got {follow_links_outside!r}")
         self.follow_links_outside = follow_links_outside
@@ -278,10 +285,13 @@ class FilesSource(SourceBase):
         )
 
     def generations(self) -> dict[str, int]:
-        """``{relative_path: generation}`` from ``generations_path``; a missing file means all 0.
+        """``{relative_path: generation}`` from ``generations_reader`` or else ``generations_path``;
+        a missing file means all 0.
 
         The current generation of each dropped file: the runtime bumps it on a drop.
         """
+        if self.generations_reader is not None:
+            return parse_generations(self.generations_reader(), "in the lake")
         return read_generations(self.generations_path)
 
     def _file_split(self, partition: Partition, end: int) -> FileSplit:

@@ -51,3 +51,15 @@ def spark_cluster(tmp_path_factory) -> Iterator:
 
     with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """moto's standalone S3 server, one process for the session, stopped by its PID."""
+    from tests.integration.s3 import S3Server
+
+    log = open(tmp_path_factory.mktemp("s3") / "moto.log", "wb")  # noqa: SIM115 - closed below
+    server = S3Server(log)
+    yield server
+    server.stop()
+    log.close()

@@ -67,8 +67,11 @@ def _stamped(want: int | None, into_ts: int, since: int) -> bool:
     return into_ts == want or (want is not None and want == since and into_ts <= since)
 
 
-def reclock_cli(*args: str, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+def reclock_cli(
+    *args: str, timeout: float = 300, env: dict[str, str] | None = None, **kwargs
+) -> subprocess.CompletedProcess:
+    """``python -m reclock.cli ARGS`` in a subprocess, in ``env`` (default: this process's)."""
+    env = {**(os.environ if env is None else env), "PYSPARK_PYTHON": sys.executable}
     return subprocess.run(
         [sys.executable, "-m", "reclock.cli", *args],
         capture_output=True,
