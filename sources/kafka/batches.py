@@ -28,7 +28,7 @@ sets (magic 0 and 1, from brokers older than 0.11) are handed to kafka-python's 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from reclock.sources.decode.values import NEWLINE, Values
 
-__all__ = ["CorruptBatch", "Fetched", "next_offset", "parse"]
+__all__ = ["CorruptBatch", "Fetched", "next_offset", "parse", "parse_many"]
 
 _HEADER = 61  # bytes of a v2 batch header, up to the first record
 _PREFIX = struct.Struct(">qi")  # baseOffset, batchLength
@@ -92,34 +92,69 @@ def parse(buf: bytes | memoryview, *, keys: bool = False, headers: bool = False,
     at its size limit) is left for the next fetch, and so are the batches that start at or past
     ``until`` (a read that needs 20 records of a 5 MB response parses a batch or two). ``keys`` /
     ``headers`` say whether to extract them (values, offsets and timestamps always are)."""
-    view = memoryview(buf)
-    if len(view) >= 17 and view[16] != 2:
-        return _legacy(bytes(view), keys=keys, headers=headers)
+    return parse_many([(buf, until)], keys=keys, headers=headers)[0]
+
+
+def parse_many(
+    parts: Sequence[tuple[bytes | memoryview, int | None]], *, keys: bool = False, headers: bool = False
+) -> list[Fetched]:
+    """:func:`parse` of several partitions' bytes (each with its ``until``) at once.
+
+    One fetch response holds a piece of every partition a task asked for; parsed one by one, a
+    thousand partitions of a few batches each would step a thousand tiny NumPy scans. Parsed
+    together, their batches share one arena and one vectorised scan, and each partition gets a
+    window of the result."""
     sections: list[memoryview | bytes] = []
     batches: list[tuple[int, int, int, int]] = []  # base offset, base timestamp, record count, flags
-    next_offset = None
-    for pos, end, base in _whole_batches(view, until):
-        magic, crc, attributes, last_delta, base_ts, max_ts, _, _, _, count = _TAIL.unpack_from(view, pos + 16)
-        if magic != 2:
-            raise CorruptBatch(f"record batch at offset {base}: magic {magic} inside a v2 fetch")
-        if crc32c.crc32c(view[pos + 21 : end]) != crc:
-            raise CorruptBatch(f"record batch at offset {base}: CRC-32C mismatch")
-        next_offset = base + last_delta + 1
-        if not attributes & _CONTROL and count > 0:
-            body = view[pos + _HEADER : end]
-            codec = attributes & _COMPRESSION
-            sections.append(body if codec == 0 else _decompress(codec, body, base))
-            stamp = max_ts if attributes & _LOG_APPEND_TIME else base_ts
-            batches.append((base, stamp, count, attributes & _LOG_APPEND_TIME))
-    if not batches:
-        return _empty(keys, headers, next_offset)
-    joined = b"".join(sections)
-    arena = np.frombuffer(joined, np.uint8)
-    sizes = np.fromiter((len(s) for s in sections), np.int64, len(sections))
-    section_starts = np.zeros(len(sections), np.int64)
-    np.cumsum(sizes[:-1], out=section_starts[1:])
-    meta = np.array(batches, np.int64)
-    return _records(joined, arena, section_starts, sizes, meta, keys, headers, next_offset)
+    nexts: list[int | None] = []
+    records_of: list[int] = []  # records each part holds
+    legacy: dict[int, Fetched] = {}
+    for index, (buf, until) in enumerate(parts):
+        view = memoryview(buf)
+        if len(view) >= 17 and view[16] != 2:
+            legacy[index] = _legacy(bytes(view), keys=keys, headers=headers)
+            nexts.append(None)
+            records_of.append(0)
+            continue
+        next_offset = None
+        held = 0
+        for pos, end, base in _whole_batches(view, until):
+            magic, crc, attributes, last_delta, base_ts, max_ts, _, _, _, count = _TAIL.unpack_from(view, pos + 16)
+            if magic != 2:
+                raise CorruptBatch(f"record batch at offset {base}: magic {magic} inside a v2 fetch")
+            if crc32c.crc32c(view[pos + 21 : end]) != crc:
+                raise CorruptBatch(f"record batch at offset {base}: CRC-32C mismatch")
+            next_offset = base + last_delta + 1
+            if not attributes & _CONTROL and count > 0:
+                body = view[pos + _HEADER : end]
+                codec = attributes & _COMPRESSION
+                sections.append(body if codec == 0 else _decompress(codec, body, base))
+                stamp = max_ts if attributes & _LOG_APPEND_TIME else base_ts
+                batches.append((base, stamp, count, attributes & _LOG_APPEND_TIME))
+                held += count
+        nexts.append(next_offset)
+        records_of.append(held)
+    if batches:
+        joined = b"".join(sections)
+        arena = np.frombuffer(joined, np.uint8)
+        sizes = np.fromiter((len(s) for s in sections), np.int64, len(sections))
+        section_starts = np.zeros(len(sections), np.int64)
+        np.cumsum(sizes[:-1], out=section_starts[1:])
+        meta = np.array(batches, np.int64)
+        every = _records(joined, arena, section_starts, sizes, meta, keys, headers, None)
+    out: list[Fetched] = []
+    at = 0
+    for index, (held, next_offset) in enumerate(zip(records_of, nexts, strict=True)):
+        if index in legacy:
+            out.append(legacy[index])
+        elif held == 0:
+            out.append(_empty(keys, headers, next_offset))
+        else:
+            part = every.window(at, at + held)
+            part.next_offset = next_offset
+            out.append(part)
+        at += held
+    return out
 
 
 def next_offset(buf: bytes | memoryview, *, until: int | None = None) -> int | None:

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reclock.sources.kafka.batches import Fetched, next_offset, parse
+from reclock.sources.kafka.batches import Fetched, next_offset, parse_many
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, close_client, is_transient
 
 __all__ = ["Fetcher", "OffsetLost", "fetch_request", "high_watermarks", "lease"]
@@ -256,8 +256,10 @@ class Fetcher:
             ahead = (self._plan(None) or {}).get(leader)
             if ahead:
                 self._inflight[leader] = (self._send(leader, ahead), ahead)
-        for want, records, was in arrived:
-            fetched = parse(records, keys=self._keys, headers=self._headers, until=want.end)
+        parsed = parse_many(
+            [(records, want.end) for want, records, _ in arrived], keys=self._keys, headers=self._headers
+        )
+        for (want, records, was), fetched in zip(arrived, parsed, strict=True):
             self.records_parsed += len(fetched)
             want.bytes_per_offset = len(records) / max(1, (fetched.next_offset or was) - was)
             if len(fetched):

@@ -19,7 +19,7 @@ from kafka.record import MemoryRecords
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from reclock.sources.decode.values import Values
-from reclock.sources.kafka.batches import CorruptBatch, parse
+from reclock.sources.kafka.batches import CorruptBatch, parse, parse_many
 
 CODECS = [0, 1, 2, 3, 4]  # none, gzip, snappy, lz4, zstd
 
@@ -141,3 +141,15 @@ def test_values_join_and_convert_like_a_list() -> None:
     clean = Values.of([b'{"a": 1}', b'{"a": 2}'])
     assert clean.joined() == b'{"a": 1}\n{"a": 2}'
     assert list(Values.concat([clean, packed]).window(1, 4)) == [b'{"a": 2}', b'{"a": 1}', None]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(_batch, min_size=0, max_size=4), min_size=1, max_size=5))
+def test_parsing_several_partitions_at_once_equals_parsing_each(partitions: list) -> None:
+    bufs = [_fetch(batches) if batches else b"" for batches in partitions]
+    together = parse_many([(buf, None) for buf in bufs], keys=True, headers=True)
+    for buf, got in zip(bufs, together, strict=True):
+        alone = parse(buf, keys=True, headers=True)
+        assert got.offsets.tolist() == alone.offsets.tolist() and got.next_offset == alone.next_offset
+        assert list(got.values) == list(alone.values) and list(got.keys) == list(alone.keys)
+        assert got.headers == alone.headers and got.timestamps.tolist() == alone.timestamps.tolist()
