@@ -7,6 +7,7 @@ environment, whose site-packages is then compared with what a fresh environment 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -46,11 +47,13 @@ def test_pip_install_puts_only_reclock_at_the_top_level(tmp_path):
     venv.create(env, with_pip=True)
     before = {p.name for p in _site_packages(env).iterdir()}
     python = env / "bin" / "python"
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the checkout's egg-info must not count
     installed = subprocess.run(
         [str(python), "-m", "pip", "install", "--no-deps", "-q", str(wheel)],
         capture_output=True,
         text=True,
         timeout=600,
+        env=clean,
     )
     assert installed.returncode == 0, installed.stderr[-3000:]
     added = {p.name for p in _site_packages(env).iterdir()} - before
