@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import pyarrow as pa
 
-from reclock import job
+from reclock import cli_offsets, job
 from reclock.config import expand_storage_options, load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
@@ -197,6 +197,7 @@ def _parser() -> argparse.ArgumentParser:
             help="override the definition's [maintenance] history_minutes",
         )
         command.set_defaults(func=_maintain, optimize=name == "optimize", vacuum=name == "vacuum")
+    cli_offsets.register(commands, _lake)
     return parser
 
 

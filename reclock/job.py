@@ -151,7 +151,7 @@ def maintain(
     policy = config.maintenance
     if history_minutes is not None:
         policy = replace(policy, history_minutes=history_minutes)
-    lock = _exclusive(lake, name)
+    lock = exclusive(lake, name)
     try:
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
@@ -161,7 +161,7 @@ def maintain(
         lock.close()
 
 
-def _source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
+def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
     """The stored pipeline's source, built the same way for the job and for the CLI's questions.
 
     A files source reads dropped files' generations from the lake: by path from a local lake, and
@@ -186,7 +186,7 @@ def _text_or_none(store: Store, path: LakePath) -> str | None:
 
 
 def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> FilesSource:
-    source = _source(lake, name, config, created_at)
+    source = source_of(lake, name, config, created_at)
     assert isinstance(source, FilesSource), f"a files pipeline built {source!r}"
     return source
 
@@ -198,11 +198,11 @@ def generations_file(lake: Lake, name: str) -> LakePath:
 def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: float | None = None) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
     config, created_at = load(lake, name)
-    lock = _exclusive(lake, name)
+    lock = exclusive(lake, name)
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds).
     _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
-    source = _source(lake, name, config, created_at)
+    source = source_of(lake, name, config, created_at)
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
     lake.store.delete(stop_file)
@@ -375,7 +375,7 @@ def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, repo
     }
 
 
-def _exclusive(lake: Lake, name: str) -> TextIO:
+def exclusive(lake: Lake, name: str) -> TextIO:
     """Hold the pipeline's job lock for this process's lifetime (the OS drops it if we die).
 
     Only one driver may run a pipeline; the sinks fence a second one anyway (on any machine), but

@@ -61,6 +61,7 @@ class KafkaSource(SourceBase):
 
     #: Reads share nothing but the client pool, which is locked: threads may read at once.
     parallel_reads = True
+    settable_offsets = True
 
     def __init__(
         self,
@@ -221,6 +222,10 @@ class KafkaSource(SourceBase):
 
     def _low_watermarks(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
         return self._prober.low_watermarks(partitions)
+
+    def earliest(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """The low watermarks of ``partitions`` (``reclock offsets`` shows them as *earliest*)."""
+        return dict(self._low_watermarks([p for p in partitions if self._owns(p)]))
 
     def _shape(self, records: Fetched, encoded: str, topic: str, kpart: int) -> Iterator[tuple[str, pa.RecordBatch]]:
         """:func:`~sources.kafka.reader.shape` with this source's route and ``on_record_error``."""

@@ -244,11 +244,11 @@ def test_only_one_job_can_run_a_pipeline_at_a_time(tmp_path):
     from reclock.errors import ReclockError
 
     lake = Lake.at(tmp_path)
-    first = job._exclusive(lake, "pipe")
+    first = job.exclusive(lake, "pipe")
     with pytest.raises(ReclockError, match="already running"):
-        job._exclusive(lake, "pipe")
+        job.exclusive(lake, "pipe")
     first.close()
-    job._exclusive(lake, "pipe").close()
+    job.exclusive(lake, "pipe").close()
 
 
 def test_a_finished_pipeline_does_not_hold_back_reads_across_pipelines(tmp_path):

@@ -1,0 +1,70 @@
+"""``reclock offsets`` and ``reclock set-offsets``: the command-line face of :mod:`reclock.offset_control`.
+
+Kept beside :mod:`reclock.cli`, which registers them, so each command module stays small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+
+from reclock import offset_control
+from reclock.persist.lake import Lake
+
+__all__ = ["register"]
+
+
+def register(commands: argparse._SubParsersAction, lake: Callable[[argparse.Namespace], Lake]) -> None:
+    """Add both commands to ``commands``; ``lake`` turns parsed arguments into the lake."""
+    shown = commands.add_parser(
+        "offsets", help="per source partition: earliest and latest offsets now, how far bound and loaded, skipped"
+    )
+    shown.add_argument("name")
+    shown.add_argument("--json", action="store_true", help="machine-readable output")
+    shown.set_defaults(func=lambda args: _offsets(lake(args), args))
+
+    moved = commands.add_parser(
+        "set-offsets", help="skip a partition of a stopped pipeline ahead to an offset, durably (like SET OFFSETS)"
+    )
+    moved.add_argument("name")
+    moved.add_argument("partition", help="the partition as `reclock offsets` shows it, e.g. '[\"orders\",3]'")
+    moved.add_argument("offset", type=int, help="the first offset to load; the range before it is skipped")
+    moved.set_defaults(func=lambda args: _set_offsets(lake(args), args))
+
+
+def _offsets(lake: Lake, args: argparse.Namespace) -> int:
+    rows = offset_control.offsets(lake, args.name)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return 0
+    header = ["partition", "earliest", "latest", "bound", "loaded", "lag", "skipped"]
+    cells = [
+        [
+            r.partition,
+            "" if r.earliest is None else r.earliest,
+            r.latest,
+            "all" if r.bound is None else r.bound,
+            "all" if r.loaded is None else r.loaded,
+            0 if r.loaded is None else r.latest - r.loaded,
+            r.skipped,
+        ]
+        for r in rows
+    ]
+    table = [header, *[[str(c) for c in row] for row in cells]]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for i, row in enumerate(table):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    return 0
+
+
+def _set_offsets(lake: Lake, args: argparse.Namespace) -> int:
+    skip = offset_control.set_offset(lake, args.name, args.partition, args.offset)
+    print(
+        f"pipeline {args.name!r}: partition {args.partition} skips offsets [{skip.start}, {skip.end}) in batch "
+        f"{skip.binding_ts}; the next start records it in _errors and goes on from {skip.end}"
+    )
+    return 0
