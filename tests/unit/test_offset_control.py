@@ -116,11 +116,8 @@ def test_going_back_below_the_bound_is_refused_as_a_re_read(tmp_path, capsys, mo
 def test_a_files_pipeline_is_told_to_use_drop_file(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in").mkdir()
-    (tmp_path / "p.toml").write_text(
-        CONFIG.replace(
-            'kind = "generator"\npartitions = 2\nlimit = 40000', 'kind = "files"\npath = "in"\nformat = "jsonl"\ncolumns = {id = "int64"}'
-        )
-    )
+    files = 'kind = "files"\npath = "in"\nformat = "jsonl"\ncolumns = {id = "int64"}'
+    (tmp_path / "p.toml").write_text(CONFIG.replace('kind = "generator"\npartitions = 2\nlimit = 40000', files))
     assert main(["create", "p.toml"]) == 0
     capsys.readouterr()
     assert main(["--lake", "lake", "set-offsets", "orders", "x", "1"]) == 2
