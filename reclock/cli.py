@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import pyarrow as pa
 
-from reclock import cli_offsets, job
+from reclock import cli_control, detach, job
 from reclock.config import expand_storage_options, load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
@@ -197,7 +197,7 @@ def _parser() -> argparse.ArgumentParser:
             help="override the definition's [maintenance] history_minutes",
         )
         command.set_defaults(func=_maintain, optimize=name == "optimize", vacuum=name == "vacuum")
-    cli_offsets.register(commands, _lake)
+    cli_control.register(commands, _lake, _seconds)
     return parser
 
 
@@ -391,7 +391,7 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
             problems.append(f"cannot read the remap table: {_first_line(exc)}")
     return {
         "pipeline": name,
-        "health": status.get("health", "created"),
+        "health": "detached" if detach.is_detached(lake, name) else status.get("health", "created"),
         "finished": status.get("finished", False),
         "batches": status.get("batches", 0),
         "bindings": status.get("bindings", 0),

@@ -9,7 +9,6 @@ status snapshot and, on a terminal, one progress line.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import logging
@@ -21,8 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
-from reclock.config import PipelineConfig, build_source, expand_storage_options, parse_config, redacted
+from reclock.config import PipelineConfig, build_source, expand_storage_options, redacted
+from reclock.control import exclusive, load, request_stop
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
+from reclock.detach import attach
 from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
@@ -86,20 +87,6 @@ def lake_of(config: PipelineConfig, storage_options: Mapping[str, Any] | None = 
     from the environment) and then ``storage_options``, which win."""
     options = {**expand_storage_options(config.storage_options), **(storage_options or {})}
     return Lake.at(config.lake, options or None)
-
-
-def load(lake: Lake, name: str) -> tuple[PipelineConfig, int]:
-    path = lake.definition_path(name)
-    if not lake.store.exists(path):
-        known = ", ".join(lake.pipelines()) or "none"
-        raise ConfigError("name", f"no pipeline {name!r} in lake {lake.root} (known: {known})")
-    stored = json.loads(lake.store.read_text(path))
-    return parse_config(stored["definition"], file=str(path)), stored["created_at_ms"]
-
-
-def request_stop(lake: Lake, name: str) -> None:
-    """Ask a running job to stop after its in-flight batch."""
-    lake.store.touch(lake.control_dir(name) / "stop")
 
 
 def file_states(lake: Lake, name: str) -> list[FileStatus]:
@@ -199,6 +186,11 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
     config, created_at = load(lake, name)
     lock = exclusive(lake, name)
+    try:
+        attach(lake, name)
+    except ReclockError:
+        lock.close()
+        raise
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds).
     _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
@@ -373,29 +365,6 @@ def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, repo
         "state": state,
         "batch_id": report.binding_ts,
     }
-
-
-def exclusive(lake: Lake, name: str) -> TextIO:
-    """Hold the pipeline's job lock for this process's lifetime (the OS drops it if we die).
-
-    Only one driver may run a pipeline; the sinks fence a second one anyway (on any machine), but
-    refusing it up front on the same machine gives a clear message instead of a stalled job. The
-    lock is held on a read-only descriptor (``flock`` does not need write access) and the holder's
-    pid written through another, short-lived one, so a running job keeps no lake file open for
-    writing between its writes: an operator can remount the lake read-only, and the job stalls.
-    """
-    path = lake.job_lock_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    handle = open(path)  # noqa: SIM115 - held open on purpose until the job ends
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ReclockError(f"pipeline {name!r} is already running ({holder}); stop it first") from None
-    path.write_text(f"pid {os.getpid()}")
-    return handle
 
 
 def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:

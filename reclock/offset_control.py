@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reclock import job
+from reclock.control import exclusive
 from reclock.errors import ConfigError, ReclockError
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
@@ -89,7 +90,7 @@ def set_offset(lake: Lake, name: str, partition: str, offset: int, *, now: Calla
     (the next probe would see the source behind its bindings).
     """
     config, created_at = job.load(lake, name)
-    lock = job.exclusive(lake, name)
+    lock = exclusive(lake, name)
     try:
         source = job.source_of(lake, name, config, created_at)
         try:

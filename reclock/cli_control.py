@@ -1,4 +1,5 @@
-"""``reclock offsets`` and ``reclock set-offsets``: the command-line face of :mod:`reclock.offset_control`.
+"""``reclock offsets``, ``set-offsets`` and ``detach``: the command-line face of
+:mod:`reclock.offset_control` and :mod:`reclock.detach`.
 
 Kept beside :mod:`reclock.cli`, which registers them, so each command module stays small.
 """
@@ -10,14 +11,19 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 
-from reclock import offset_control
+from reclock import detach, offset_control
 from reclock.persist.lake import Lake
 
 __all__ = ["register"]
 
 
-def register(commands: argparse._SubParsersAction, lake: Callable[[argparse.Namespace], Lake]) -> None:
-    """Add both commands to ``commands``; ``lake`` turns parsed arguments into the lake."""
+def register(
+    commands: argparse._SubParsersAction,
+    lake: Callable[[argparse.Namespace], Lake],
+    seconds: Callable[[str], float],
+) -> None:
+    """Add the commands to ``commands``; ``lake`` turns parsed arguments into the lake, ``seconds``
+    parses a number of seconds the way every other command does."""
     shown = commands.add_parser(
         "offsets", help="per source partition: earliest and latest offsets now, how far bound and loaded, skipped"
     )
@@ -32,6 +38,13 @@ def register(commands: argparse._SubParsersAction, lake: Callable[[argparse.Name
     moved.add_argument("partition", help="the partition as `reclock offsets` shows it, e.g. '[\"orders\",3]'")
     moved.add_argument("offset", type=int, help="the first offset to load; the range before it is skipped")
     moved.set_defaults(func=lambda args: _set_offsets(lake(args), args))
+
+    detached = commands.add_parser(
+        "detach", help="stop a pipeline and hand its outputs to you until the next start (like DETACH PIPELINE)"
+    )
+    detached.add_argument("name")
+    detached.add_argument("--wait", type=seconds, default=60.0, help="seconds to wait for a running job to stop")
+    detached.set_defaults(func=lambda args: _detach(lake(args), args))
 
 
 def _offsets(lake: Lake, args: argparse.Namespace) -> int:
@@ -66,5 +79,14 @@ def _set_offsets(lake: Lake, args: argparse.Namespace) -> int:
     print(
         f"pipeline {args.name!r}: partition {args.partition} skips offsets [{skip.start}, {skip.end}) in batch "
         f"{skip.binding_ts}; the next start records it in _errors and goes on from {skip.end}"
+    )
+    return 0
+
+
+def _detach(lake: Lake, args: argparse.Namespace) -> int:
+    detach.detach(lake, args.name, wait_s=args.wait)
+    print(
+        f"pipeline {args.name!r} is detached: you may add nullable columns to its outputs, compact or vacuum them; "
+        "`reclock start` checks them and continues"
     )
     return 0
