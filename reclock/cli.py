@@ -28,6 +28,7 @@ from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
+from reclock.pipeline import BatchState
 from reclock.sources.base import ERRORS
 from reclock.status import DEAD, read_status
 from reclock.time import INTO_TS, OFFSET, PARTITION, label_upper
@@ -258,6 +259,8 @@ _COLUMNS = {
         "latest_offset",
         "start_ms",
         "duration_ms",
+        "read_ms",
+        "commit_ms",
         "error",
     ],
     "files": ["path", "generation", "size", "state", "into_ts", "reason"],
@@ -272,6 +275,8 @@ def _show_table(args: argparse.Namespace) -> int:
     else:
         job.load(lake, args.name)
         rows = read_status_table(lake, args.table, args.name).to_pylist()
+        if args.table == "batches":
+            rows = _settled(rows)
         if args.table == "errors":
             rows = sorted(rows + _record_errors(lake, args.name), key=lambda r: r["time_ms"] or 0)
         rows = rows[::-1]
@@ -282,6 +287,12 @@ def _show_table(args: argparse.Namespace) -> int:
     columns = _COLUMNS[args.table]
     print(_table(columns, [[_cell(c, row.get(c)) for c in columns] for row in rows]))
     return 0
+
+
+def _settled(rows: list[dict]) -> list[dict]:
+    """Batch rows, oldest first, without an ``In Progress`` row once its batch has a later row."""
+    last = {row["batch_id"]: i for i, row in enumerate(rows)}
+    return [row for i, row in enumerate(rows) if row["state"] != BatchState.IN_PROGRESS or last[row["batch_id"]] == i]
 
 
 def _record_errors(lake: Lake, name: str) -> list[dict]:

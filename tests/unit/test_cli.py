@@ -402,6 +402,7 @@ def test_a_number_valued_secret_is_masked_in_the_status_table_and_status(tmp_pat
 def test_an_invalid_value_from_the_environment_is_named_but_never_shown(tmp_path, capsys, monkeypatch, value):
     monkeypatch.setenv("RECLOCK_TEST_KPASS", value)
     text = KAFKA.format(port=free_port()) + 'read_timeout_s = "${RECLOCK_TEST_KPASS}"\n'
-    line = one_line_error(capsys, ["create", str(write(tmp_path, text))])
+    path = write(tmp_path, text)
+    line = one_line_error(capsys, ["create", str(path)])
     assert "source.read_timeout_s: " in line and "${RECLOCK_TEST_KPASS}" in line
-    assert value not in line
+    assert value not in line.replace(str(path), "")  # the file's name may hold "-3" (pytest-322/...)
