@@ -1,5 +1,5 @@
-"""``reclock offsets``, ``set-offsets`` and ``detach``: the command-line face of
-:mod:`reclock.offset_control` and :mod:`reclock.detach`.
+"""``reclock offsets``, ``set-offsets``, ``detach`` and ``redrive``: the command-line face of
+:mod:`reclock.offset_control`, :mod:`reclock.detach` and :mod:`reclock.redrive`.
 
 Kept beside :mod:`reclock.cli`, which registers them, so each command module stays small.
 """
@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 
-from reclock import detach, offset_control
+from reclock import detach, offset_control, redrive
 from reclock.persist.lake import Lake
 
 __all__ = ["register"]
@@ -45,6 +45,12 @@ def register(
     detached.add_argument("name")
     detached.add_argument("--wait", type=seconds, default=60.0, help="seconds to wait for a running job to stop")
     detached.set_defaults(func=lambda args: _detach(lake(args), args))
+
+    again = commands.add_parser(
+        "redrive", help="read the records in _errors again with the definition as it is now; land those that decode"
+    )
+    again.add_argument("name")
+    again.set_defaults(func=lambda args: _redrive(lake(args), args))
 
 
 def _offsets(lake: Lake, args: argparse.Namespace) -> int:
@@ -88,5 +94,15 @@ def _detach(lake: Lake, args: argparse.Namespace) -> int:
     print(
         f"pipeline {args.name!r} is detached: you may add nullable columns to its outputs, compact or vacuum them; "
         "`reclock start` checks them and continues"
+    )
+    return 0
+
+
+def _redrive(lake: Lake, args: argparse.Namespace) -> int:
+    report = redrive.redrive(lake, args.name)
+    landed = ", ".join(f"{rows} into {output}" for output, rows in sorted(report.landed.items())) or "nothing"
+    print(
+        f"pipeline {args.name!r}: landed {landed}; still failing {report.still_bad}, landed before {report.already}, "
+        f"gone from the source {report.gone}, not re-driven into upsert/debezium outputs {report.not_append}"
     )
     return 0
