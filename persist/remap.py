@@ -43,7 +43,7 @@ from reclock.persist.storage import lake_io
 from reclock.persist.store import LOCAL, LakePath, Store, StorePath
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition, wall_clock_ms
 
-__all__ = ["COMPACTED", "USER_SKIP", "REMAP_SCHEMA", "RemapTable", "Skip"]
+__all__ = ["COMPACTED", "REREAD_START", "USER_SKIP", "REMAP_SCHEMA", "RemapTable", "Skip"]
 
 REMAP_SCHEMA = pa.schema(
     [
@@ -76,6 +76,10 @@ COMPACTED = "compacted"
 #: How the note of a skip a user asked for begins (``reclock set-offsets``): minted with its own
 #: binding, it never stands for the batch's failed ranges (see :meth:`RemapTable.record_skips`).
 USER_SKIP = "set-offsets:"
+
+#: The note of the skip that makes a re-read partition start where the user asked: those offsets
+#: were never the re-read's to load, so no ``_errors`` row stands for them.
+REREAD_START = f"{USER_SKIP} a re-read starts after these offsets"
 
 
 class RemapTable:

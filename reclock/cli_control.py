@@ -32,11 +32,16 @@ def register(
     shown.set_defaults(func=lambda args: _offsets(lake(args), args))
 
     moved = commands.add_parser(
-        "set-offsets", help="skip a partition of a stopped pipeline ahead to an offset, durably (like SET OFFSETS)"
+        "set-offsets",
+        help="move a stopped pipeline's partition to an offset: skip ahead, or re-read (Kafka), durably (SET OFFSETS)",
     )
     moved.add_argument("name")
     moved.add_argument("partition", help="the partition as `reclock offsets` shows it, e.g. '[\"orders\",3]'")
-    moved.add_argument("offset", type=int, help="the first offset to load; the range before it is skipped")
+    moved.add_argument(
+        "offset",
+        type=int,
+        help="ahead: the first offset to load (the range before it is skipped); below: re-read from it",
+    )
     moved.set_defaults(func=lambda args: _set_offsets(lake(args), args))
 
     detached = commands.add_parser(
@@ -81,11 +86,17 @@ def _offsets(lake: Lake, args: argparse.Namespace) -> int:
 
 
 def _set_offsets(lake: Lake, args: argparse.Namespace) -> int:
-    skip = offset_control.set_offset(lake, args.name, args.partition, args.offset)
-    print(
-        f"pipeline {args.name!r}: partition {args.partition} skips offsets [{skip.start}, {skip.end}) in batch "
-        f"{skip.binding_ts}; the next start records it in _errors and goes on from {skip.end}"
-    )
+    change = offset_control.set_offset(lake, args.name, args.partition, args.offset)
+    if change.reread_as is None:
+        print(
+            f"pipeline {args.name!r}: partition {change.partition} skips offsets [{change.start}, {change.end}) in "
+            f"batch {change.binding_ts}; the next start records it in _errors and goes on from {change.end}"
+        )
+    else:
+        print(
+            f"pipeline {args.name!r}: partition {change.partition} re-reads offsets [{change.start}, {change.end}) "
+            f"as partition {change.reread_as} in batch {change.binding_ts}, at the next start"
+        )
     return 0
 
 

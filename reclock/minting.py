@@ -17,7 +17,7 @@ from reclock.errors import DefiniteSourceError
 from reclock.persist.remap import RemapTable
 from reclock.settings import Settings
 from reclock.sources.base import Source
-from reclock.time import Frontier, encode_partition
+from reclock.time import Frontier, encode_partition, reread_of
 
 __all__ = ["Interrupted", "Minter"]
 
@@ -56,6 +56,9 @@ class Minter:
             probe = self._upper(stop)
             if self.source.forgets_partitions:
                 probe = bound.join(probe)
+            rereads = {p: o for p, o in bound.items() if reread_of(p) is not None}
+            if rereads:  # bound once, to a fixed end, by set-offsets: no probe names them
+                probe = probe.join(Frontier(rereads))
             self.last_probe = probe
             if not bound.less_equal(probe):
                 behind = [(p, probe.offset(p), o) for p, o in bound.items() if probe.offset(p) < o]

@@ -49,7 +49,7 @@ from reclock.health import Health
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
-from reclock.persist.remap import RemapTable, Skip
+from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
@@ -413,7 +413,11 @@ class Pipeline:
         return report
 
     def _skipped_rows(self, plan: BatchPlan, skips: list[Skip]) -> list[DataFile]:
-        """One ``_errors`` row per skipped range, stamped like the range's first record."""
+        """One ``_errors`` row per skipped range, stamped like the range's first record (none for
+        the offsets before a re-read's start: they were never the re-read's to load)."""
+        skips = [s for s in skips if s.reason != REREAD_START]
+        if not skips:
+            return []
         partitions = pa.array([encode_partition(s.partition) for s in skips], pa.string())
         starts = pa.array([s.start for s in skips], pa.int64())
         into = plan.stamper.into_times(partitions, starts)

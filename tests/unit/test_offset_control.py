@@ -90,6 +90,7 @@ def test_a_skip_ahead_is_loaded_exactly_once_around_the_range_and_shown(tmp_path
         (["gen-7", "10"], "has no partition gen-7 (known: gen-0, gen-1)"),
         (["gen-0", "999999"], "past the source's latest, 20000"),
         (["gen-0", "0"], "already at offset 0"),
+        (['["gen-0","@reread-1"]', "0"], "has no partition"),
     ],
 )
 def test_a_bad_skip_is_one_line_naming_the_field_and_changes_nothing(tmp_path, capsys, monkeypatch, args, says):
@@ -103,14 +104,15 @@ def test_a_bad_skip_is_one_line_naming_the_field_and_changes_nothing(tmp_path, c
     assert RemapTable(Lake.at("lake").remap_path("orders")).bindings.upper == 0
 
 
-def test_going_back_below_the_bound_is_refused_as_a_re_read(tmp_path, capsys, monkeypatch):
+def test_going_back_is_refused_for_a_source_that_cannot_re_read(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "p.toml").write_text(CONFIG)
     assert main(["create", "p.toml"]) == 0
     assert main(["--lake", "lake", "start", "orders", "--max-seconds", "0"]) == 0
     capsys.readouterr()
     assert main(["--lake", "lake", "set-offsets", "orders", "gen-1", "1"]) == 2
-    assert "re-reading would land those records twice" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "offset 1 of partition gen-1 is below" in err and "this source cannot re-read" in err
 
 
 def test_a_files_pipeline_is_told_to_use_drop_file(tmp_path, capsys, monkeypatch):
@@ -132,3 +134,25 @@ def test_a_failed_batch_still_records_its_own_skip_beside_a_user_skip(tmp_path):
     assert remap.record_skips(failed) == failed
     assert sorted(RemapTable(tmp_path / "remap").skips, key=lambda s: s.partition) == [user, *failed]
     assert remap.record_skips([Skip(5, "b", 1, 3, "another run")]) == failed  # the first recorded still wins
+
+
+def test_a_re_read_partition_names_its_original_and_generation():
+    from reclock.time import decode_partition, encode_partition, reread, reread_of
+
+    copy = reread(("orders", 3), 2)
+    assert encode_partition(copy) == '["orders",3,"@reread-2"]'
+    assert reread_of(decode_partition(encode_partition(copy))) == (("orders", 3), 2)
+    assert reread_of(reread("gen-0", 1)) == ("gen-0", 1)
+    assert reread_of(("orders", 3)) is None and reread_of(("a", "@reread-x")) is None and reread_of("x") is None
+
+
+def test_a_re_read_and_the_live_range_of_one_kafka_partition_are_read_in_separate_waves():
+    from reclock.sources.base import Split
+    from reclock.sources.kafka.source import _waves
+    from reclock.time import reread
+
+    live, other = ("t", 0), ("t", 1)
+    splits = [Split(live, 50, 60), Split(reread(live, 1), 10, 50), Split(other, 0, 5), Split(reread(live, 2), 0, 9)]
+    waves = _waves(splits)
+    assert waves == [[splits[0], splits[2]], [splits[1]], [splits[3]]]
+    assert sorted(splits.index(s) for wave in waves for s in wave) == [0, 1, 2, 3]
