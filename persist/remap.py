@@ -43,7 +43,7 @@ from reclock.persist.storage import lake_io
 from reclock.persist.store import LOCAL, LakePath, Store, StorePath
 from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition, wall_clock_ms
 
-__all__ = ["COMPACTED", "REMAP_SCHEMA", "RemapTable", "Skip"]
+__all__ = ["COMPACTED", "REREAD_START", "USER_SKIP", "REMAP_SCHEMA", "RemapTable", "Skip"]
 
 REMAP_SCHEMA = pa.schema(
     [
@@ -72,6 +72,14 @@ _APP_ID = "reclock/remap"
 
 #: The note on the rows of the binding that merges every binding at or below the table's ``since``.
 COMPACTED = "compacted"
+
+#: How the note of a skip a user asked for begins (``reclock set-offsets``): minted with its own
+#: binding, it never stands for the batch's failed ranges (see :meth:`RemapTable.record_skips`).
+USER_SKIP = "set-offsets:"
+
+#: The note of the skip that makes a re-read partition start where the user asked: those offsets
+#: were never the re-read's to load, so no ``_errors`` row stands for them.
+REREAD_START = f"{USER_SKIP} a re-read starts after these offsets"
 
 
 class RemapTable:
@@ -125,11 +133,18 @@ class RemapTable:
         Called by the one remap operator of a pipeline; a concurrent or restarted writer is
         handled, not assumed away.
         """
+        return self.mint_with_skips(time, frontier, [])
+
+    def mint_with_skips(self, time: IntoTime, frontier: Frontier, skips: list[Skip]) -> bool:
+        """:meth:`mint`, with ``skips`` of that binding's batch in the same commit: a range a user
+        skipped can never be bound without its skip, whatever crashes in between."""
         while True:
             view = self.bindings
             if time < view.upper or not view.frontier.less_equal(frontier) or view.is_closed:
                 return False
             rows = _binding_rows(time, view.frontier, frontier)
+            if skips:
+                rows = pa.concat_tables([rows, _skip_rows(skips)])
             self._unsure = True
             try:
                 with lake_io(f"minting binding {time} in the remap table"):
@@ -139,6 +154,7 @@ class RemapTable:
                 continue
             self._unsure = False
             view.mint(time, frontier)
+            self._skips.extend(skips)
             return True
 
     def record_skips(self, skips: list[Skip]) -> list[Skip]:
@@ -150,7 +166,7 @@ class RemapTable:
         binding_ts = skips[0].binding_ts
         while True:
             self._settle()
-            existing = [s for s in self._skips if s.binding_ts == binding_ts]
+            existing = [s for s in self._skips if s.binding_ts == binding_ts and not s.reason.startswith(USER_SKIP)]
             if existing:
                 return existing
             rows = _skip_rows(skips)

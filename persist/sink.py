@@ -35,6 +35,7 @@ from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, label_upper, wall_clock_ms
 
 __all__ = [
+    "append_unlabelled",
     "DELETED",
     "ENVELOPE",
     "INTO_TS",
@@ -97,6 +98,20 @@ def write_data_file(root: str | LakePath, output: str, table: pa.Table, store: S
 def discard_data_file(root: str | LakePath, file: DataFile, store: Store = LOCAL) -> None:
     """Remove a file no commit references; on a read-only lake it stays an orphan for ``vacuum``."""
     store.delete(_root(root) / file.path)
+
+
+def append_unlabelled(path: LakePath, files: list[DataFile], store: Store = LOCAL, *, note: str) -> None:
+    """Add ``files`` to an output in one commit that carries no batch label.
+
+    For rows that are not a batch of the pipeline (a redrive of ``_errors``): the output's upper
+    is its label, which must not move, so the caller is responsible for not landing a row twice.
+    """
+    table = store.open_table(path)
+    now_ms = wall_clock_ms()
+    actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
+    properties = CommitProperties(custom_metadata={"reclock.note": note})
+    with lake_io(f"appending to output table {_root(path).name}"):
+        table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=properties)
 
 
 def _root(root: str | LakePath) -> LakePath:

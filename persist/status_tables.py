@@ -61,6 +61,11 @@ STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
             ("duration_ms", _I),
             ("error", _S),
             ("time_ms", _I),
+            ("probe_ms", _I),
+            ("mint_ms", _I),
+            ("plan_ms", _I),
+            ("read_ms", _I),
+            ("commit_ms", _I),
         ]
     ),
     "files": pa.schema(
@@ -123,7 +128,13 @@ class StatusTables:
             path = self.lake.status_table_path(name)
             data = pa.Table.from_pylist(rows, schema=STATUS_SCHEMAS[name])
             try:
-                write_deltalake(str(path), data, mode="append", storage_options=self.lake.store.delta_options)
+                write_deltalake(
+                    str(path),
+                    data,
+                    mode="append",
+                    schema_mode="merge",  # a lake written before a column was added gains it
+                    storage_options=self.lake.store.delta_options,
+                )
             except Exception as exc:  # observability must never take the pipeline down
                 log.warning("could not write status table %s: %s", name, exc)
         self._flushes += 1

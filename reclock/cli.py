@@ -20,7 +20,7 @@ from typing import NoReturn
 
 import pyarrow as pa
 
-from reclock import job
+from reclock import cli_control, detach, job
 from reclock.config import expand_storage_options, load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
@@ -28,6 +28,7 @@ from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
+from reclock.pipeline import BatchState
 from reclock.sources.base import ERRORS
 from reclock.status import DEAD, read_status
 from reclock.time import INTO_TS, OFFSET, PARTITION, label_upper
@@ -197,6 +198,7 @@ def _parser() -> argparse.ArgumentParser:
             help="override the definition's [maintenance] history_minutes",
         )
         command.set_defaults(func=_maintain, optimize=name == "optimize", vacuum=name == "vacuum")
+    cli_control.register(commands, _lake, _seconds)
     return parser
 
 
@@ -257,6 +259,8 @@ _COLUMNS = {
         "latest_offset",
         "start_ms",
         "duration_ms",
+        "read_ms",
+        "commit_ms",
         "error",
     ],
     "files": ["path", "generation", "size", "state", "into_ts", "reason"],
@@ -271,6 +275,8 @@ def _show_table(args: argparse.Namespace) -> int:
     else:
         job.load(lake, args.name)
         rows = read_status_table(lake, args.table, args.name).to_pylist()
+        if args.table == "batches":
+            rows = _settled(rows)
         if args.table == "errors":
             rows = sorted(rows + _record_errors(lake, args.name), key=lambda r: r["time_ms"] or 0)
         rows = rows[::-1]
@@ -281,6 +287,12 @@ def _show_table(args: argparse.Namespace) -> int:
     columns = _COLUMNS[args.table]
     print(_table(columns, [[_cell(c, row.get(c)) for c in columns] for row in rows]))
     return 0
+
+
+def _settled(rows: list[dict]) -> list[dict]:
+    """Batch rows, oldest first, without an ``In Progress`` row once its batch has a later row."""
+    last = {row["batch_id"]: i for i, row in enumerate(rows)}
+    return [row for i, row in enumerate(rows) if row["state"] != BatchState.IN_PROGRESS or last[row["batch_id"]] == i]
 
 
 def _record_errors(lake: Lake, name: str) -> list[dict]:
@@ -390,7 +402,7 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
             problems.append(f"cannot read the remap table: {_first_line(exc)}")
     return {
         "pipeline": name,
-        "health": status.get("health", "created"),
+        "health": "detached" if detach.is_detached(lake, name) else status.get("health", "created"),
         "finished": status.get("finished", False),
         "batches": status.get("batches", 0),
         "bindings": status.get("bindings", 0),

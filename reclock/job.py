@@ -9,7 +9,6 @@ status snapshot and, on a terminal, one progress line.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import logging
@@ -21,8 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
-from reclock.config import PipelineConfig, build_source, expand_storage_options, parse_config, redacted
+from reclock.config import PipelineConfig, build_source, expand_storage_options, redacted
+from reclock.control import exclusive, load, request_stop
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
+from reclock.detach import attach
 from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
@@ -88,20 +89,6 @@ def lake_of(config: PipelineConfig, storage_options: Mapping[str, Any] | None = 
     return Lake.at(config.lake, options or None)
 
 
-def load(lake: Lake, name: str) -> tuple[PipelineConfig, int]:
-    path = lake.definition_path(name)
-    if not lake.store.exists(path):
-        known = ", ".join(lake.pipelines()) or "none"
-        raise ConfigError("name", f"no pipeline {name!r} in lake {lake.root} (known: {known})")
-    stored = json.loads(lake.store.read_text(path))
-    return parse_config(stored["definition"], file=str(path)), stored["created_at_ms"]
-
-
-def request_stop(lake: Lake, name: str) -> None:
-    """Ask a running job to stop after its in-flight batch."""
-    lake.store.touch(lake.control_dir(name) / "stop")
-
-
 def file_states(lake: Lake, name: str) -> list[FileStatus]:
     """Every file a files pipeline has bound or lists now, with its state (none for other sources).
 
@@ -151,7 +138,7 @@ def maintain(
     policy = config.maintenance
     if history_minutes is not None:
         policy = replace(policy, history_minutes=history_minutes)
-    lock = _exclusive(lake, name)
+    lock = exclusive(lake, name)
     try:
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
@@ -161,7 +148,7 @@ def maintain(
         lock.close()
 
 
-def _source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
+def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
     """The stored pipeline's source, built the same way for the job and for the CLI's questions.
 
     A files source reads dropped files' generations from the lake: by path from a local lake, and
@@ -186,7 +173,7 @@ def _text_or_none(store: Store, path: LakePath) -> str | None:
 
 
 def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> FilesSource:
-    source = _source(lake, name, config, created_at)
+    source = source_of(lake, name, config, created_at)
     assert isinstance(source, FilesSource), f"a files pipeline built {source!r}"
     return source
 
@@ -198,11 +185,16 @@ def generations_file(lake: Lake, name: str) -> LakePath:
 def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: float | None = None) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
     config, created_at = load(lake, name)
-    lock = _exclusive(lake, name)
+    lock = exclusive(lake, name)
+    try:
+        attach(lake, name)
+    except ReclockError:
+        lock.close()
+        raise
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds).
     _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
-    source = _source(lake, name, config, created_at)
+    source = source_of(lake, name, config, created_at)
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
     lake.store.delete(stop_file)
@@ -248,7 +240,12 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         last_health[0] = pipeline.health
 
     try:
-        pipeline.run(stop, on_batch=on_batch, on_health=lambda p: _publish(lake, p, status))
+        pipeline.run(
+            stop,
+            on_batch=on_batch,
+            on_health=lambda p: _publish(lake, p, status),
+            on_start=lambda report: tables.append("batches", [_in_progress(pipeline, report)]),
+        )
     except Exception:
         if pipeline.health is not Health.FAILED:
             raise
@@ -291,6 +288,7 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
     """
     if report.idle:
         return
+    phases = {f"{phase}_ms": ms for phase, ms in report.phases.items()}
     rows = []
     for r in report.results:
         rows.append(
@@ -306,6 +304,7 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
                 "start_ms": r.started_ms,
                 "duration_ms": r.duration_ms,
                 "error": r.error,
+                **phases,
             }
         )
     if not report.results:
@@ -318,6 +317,7 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
                 "bytes": 0,
                 "start_ms": report.started_ms,
                 "duration_ms": report.duration_ms,
+                **phases,
             }
         )
     tables.append("batches", rows)
@@ -361,6 +361,17 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
     tables.append("files", [row for row in files if row is not None])
 
 
+def _in_progress(pipeline: Pipeline, report: BatchReport) -> dict:
+    """The ``batches`` row of a planned batch; ``reclock batches`` hides it once the batch ends."""
+    return {
+        "pipeline": pipeline.name,
+        "batch_id": report.binding_ts,
+        "state": BatchState.IN_PROGRESS.value,
+        "start_ms": report.started_ms,
+        **{f"{phase}_ms": ms for phase, ms in report.phases.items()},
+    }
+
+
 def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, report: BatchReport) -> dict | None:
     if not pipeline.source.is_file_source or not isinstance(partition, tuple):
         return None
@@ -373,29 +384,6 @@ def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, repo
         "state": state,
         "batch_id": report.binding_ts,
     }
-
-
-def _exclusive(lake: Lake, name: str) -> TextIO:
-    """Hold the pipeline's job lock for this process's lifetime (the OS drops it if we die).
-
-    Only one driver may run a pipeline; the sinks fence a second one anyway (on any machine), but
-    refusing it up front on the same machine gives a clear message instead of a stalled job. The
-    lock is held on a read-only descriptor (``flock`` does not need write access) and the holder's
-    pid written through another, short-lived one, so a running job keeps no lake file open for
-    writing between its writes: an operator can remount the lake read-only, and the job stalls.
-    """
-    path = lake.job_lock_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    handle = open(path)  # noqa: SIM115 - held open on purpose until the job ends
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ReclockError(f"pipeline {name!r} is already running ({holder}); stop it first") from None
-    path.write_text(f"pid {os.getpid()}")
-    return handle
 
 
 def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:

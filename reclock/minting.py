@@ -10,13 +10,14 @@ and a bounded source whose end is bound gets a closing binding.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from reclock.errors import DefiniteSourceError
 from reclock.persist.remap import RemapTable
 from reclock.settings import Settings
 from reclock.sources.base import Source
-from reclock.time import Frontier, encode_partition
+from reclock.time import Frontier, encode_partition, reread_of
 
 __all__ = ["Interrupted", "Minter"]
 
@@ -35,16 +36,18 @@ class Minter:
         self.last_probe: Frontier | None = None  # the source's upper as the last probe saw it
         self._probing: _Call | None = None
 
-    def probe_and_mint(self, stop: threading.Event | None) -> None:
+    def probe_and_mint(self, stop: threading.Event | None) -> dict[str, int]:
         """Steps 1 and 2: probe and cap the source's upper, then mint a binding if it is due.
 
         Nothing is minted while the source is idle and the last binding is younger than
-        ``idle_interval``; a bounded source whose end is bound gets the closing binding.
+        ``idle_interval``; a bounded source whose end is bound gets the closing binding. Returns
+        the milliseconds each step took (``probe``, ``mint``), for the batch's report.
         """
         # Step 1: probe.
+        clock = time.monotonic()
         bindings = self.remap.bindings
         if bindings.is_closed:
-            return
+            return {}
         bound = bindings.frontier
         end = self.source.end()
         if end is not None and end.less_equal(bound):
@@ -53,6 +56,9 @@ class Minter:
             probe = self._upper(stop)
             if self.source.forgets_partitions:
                 probe = bound.join(probe)
+            rereads = {p: o for p, o in bound.items() if reread_of(p) is not None}
+            if rereads:  # bound once, to a fixed end, by set-offsets: no probe names them
+                probe = probe.join(Frontier(rereads))
             self.last_probe = probe
             if not bound.less_equal(probe):
                 behind = [(p, probe.offset(p), o) for p, o in bound.items() if probe.offset(p) < o]
@@ -64,10 +70,13 @@ class Minter:
                 )
             proposal = self.source.cap(bound, probe, self.settings.max_batch)
         # Step 2: mint.
+        probed = time.monotonic()
+        phases = {"probe": int((probed - clock) * 1000)}
         now = self._now()
         if proposal == bound and bindings.upper and now - (bindings.upper - 1) < self.settings.idle_interval * 1000:
-            return
+            return phases
         self.remap.mint(max(now, bindings.upper), proposal)
+        return {**phases, "mint": int((time.monotonic() - probed) * 1000)}
 
     def _upper(self, stop: threading.Event | None) -> Frontier:
         """``source.upper()``, given up as soon as ``stop`` is set (then :class:`Interrupted`).

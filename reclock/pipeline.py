@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -48,7 +49,7 @@ from reclock.health import Health
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
-from reclock.persist.remap import RemapTable, Skip
+from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
@@ -62,6 +63,7 @@ log = logging.getLogger("reclock.pipeline")
 
 
 class BatchState(StrEnum):
+    IN_PROGRESS = "In Progress"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     NO_DATA = "No Data"
@@ -82,6 +84,10 @@ class BatchReport:
     duration_ms: int = 0
     error: str | None = None
     maintenance: MaintenanceReport | None = None  # when this step also maintained the tables
+    #: Milliseconds per phase, like Spark's ``durationMs``: ``probe`` and ``mint`` (absent when
+    #: the step replayed bindings minted before), ``plan``, ``read`` (reading, decoding and
+    #: writing files: the data plane) and ``commit`` (every output, then the source).
+    phases: dict[str, int] = field(default_factory=dict)
 
     @property
     def idle(self) -> bool:
@@ -130,6 +136,7 @@ class Pipeline:
         self.last_error: str | None = None
         self._now = now
         self._on_step = on_step or (lambda step: None)
+        self._on_start: Callable[[BatchReport], None] = lambda report: None
         self.outputs = _outputs_of(source)
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
@@ -182,10 +189,12 @@ class Pipeline:
         return self._step(None)
 
     def _step(self, stop: threading.Event | None) -> BatchReport:
+        minted: dict[str, int] = {}
         if not self.pending:
-            self.minter.probe_and_mint(stop)
+            minted = self.minter.probe_and_mint(stop)
             self._on_step("minted")
         report = self._run_batch()
+        report.phases = {**minted, **report.phases}
         if not report.idle:
             self._batches_since_maintenance += 1
             if self.maintenance.every and self._batches_since_maintenance >= self.maintenance.every:
@@ -234,6 +243,7 @@ class Pipeline:
         stop: threading.Event | None = None,
         on_batch: Callable[[BatchReport], None] | None = None,
         on_health: Callable[[Pipeline], None] | None = None,
+        on_start: Callable[[BatchReport], None] | None = None,
     ) -> None:
         """Step until finished or ``stop`` is set; the in-flight batch always completes first.
 
@@ -249,7 +259,10 @@ class Pipeline:
 
         Health is updated before observers hear of a batch (``on_batch``, also for failed
         attempts) or of a failure that has no batch (``on_health``), so they never show a stale one.
+        ``on_start`` hears of each batch once it is planned, before anything is read (state
+        ``In Progress``), so a slow batch is visible while it runs.
         """
+        self._on_start = on_start or (lambda report: None)
         try:
             self._loop(stop or threading.Event(), on_batch, on_health)
         finally:
@@ -342,6 +355,7 @@ class Pipeline:
 
     def _run_batch(self) -> BatchReport:
         # Step 3: plan from the slowest output.
+        clock = time.monotonic()
         bindings = self.remap.bindings
         lo = self.resume_upper
         batch = plan_batch(bindings, lo, self.settings.max_batch)
@@ -361,12 +375,14 @@ class Pipeline:
             envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
             store=self.lake.store,
         )
-        # Step 4: write.
         started = wall_clock_ms()
+        report = BatchReport(hi, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started)
+        report.phases["plan"], clock = _ms_since(clock)
+        self._on_start(report)
+        # Step 4: write.
         results = in_split_order(self.data_plane.run(plan, splits), splits)
-        report = BatchReport(
-            hi, BatchState.SUCCEEDED, results=results, skips=skips, lower=lower, upper=upper, started_ms=started
-        )
+        report.state, report.results = BatchState.SUCCEEDED, results
+        report.phases["read"], clock = _ms_since(clock)
         if any(r.error for r in results):
             for r in results:
                 for f in r.files:
@@ -391,12 +407,17 @@ class Pipeline:
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())
         self._on_step("resumed")
+        report.phases["commit"], _ = _ms_since(clock)
         report.rows = {name: sum(f.num_records for f in fs) for name, fs in by_output.items()}
         report.duration_ms = wall_clock_ms() - started
         return report
 
     def _skipped_rows(self, plan: BatchPlan, skips: list[Skip]) -> list[DataFile]:
-        """One ``_errors`` row per skipped range, stamped like the range's first record."""
+        """One ``_errors`` row per skipped range, stamped like the range's first record (none for
+        the offsets before a re-read's start: they were never the re-read's to load)."""
+        skips = [s for s in skips if s.reason != REREAD_START]
+        if not skips:
+            return []
         partitions = pa.array([encode_partition(s.partition) for s in skips], pa.string())
         starts = pa.array([s.start for s in skips], pa.int64())
         into = plan.stamper.into_times(partitions, starts)
@@ -450,6 +471,12 @@ class Pipeline:
         self.health = Health.FAILED
         self.last_error = describe(exc)
         log.error("pipeline %s failed: %s", self.name, self.last_error)
+
+
+def _ms_since(clock: float) -> tuple[int, float]:
+    """Whole milliseconds since ``clock`` (a ``time.monotonic()``), and the clock now."""
+    now = time.monotonic()
+    return int((now - clock) * 1000), now
 
 
 def _outputs_of(source: Source) -> dict[str, Output]:

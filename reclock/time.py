@@ -30,6 +30,7 @@ __all__ = [
     "MAX_OFFSET",
     "OFFSET",
     "PARTITION",
+    "REREAD",
     "Frontier",
     "IntoTime",
     "Offset",
@@ -37,6 +38,8 @@ __all__ = [
     "decode_partition",
     "encode_partition",
     "label_upper",
+    "reread",
+    "reread_of",
     "wall_clock_ms",
 ]
 
@@ -191,6 +194,34 @@ def encode_partition(partition: Partition) -> str:
     if isinstance(partition, tuple) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in partition):
         return json.dumps(list(partition), separators=(",", ":"))
     raise TypeError(f"partition id must be int, str or a tuple of them, got {partition!r}")
+
+
+#: How the last element of a re-read partition begins: ``("orders", 3, "@reread-1")`` is the first
+#: re-read of Kafka partition ``("orders", 3)`` (see :func:`reread`).
+REREAD = "@reread-"
+
+
+def reread(partition: Partition, generation: int) -> Partition:
+    """The partition a re-read of ``partition`` lands under: its coordinates, then the generation.
+
+    A re-read loads records a second time, so they need an identity of their own, as a dropped
+    file gets a new generation: the lineage says which copy a row is, and the bindings of the
+    original partition are untouched. A re-read partition is bound once, to a fixed end, by
+    ``reclock set-offsets``; no probe ever names it.
+    """
+    base = partition if isinstance(partition, tuple) else (partition,)
+    return (*base, f"{REREAD}{generation}")
+
+
+def reread_of(partition: Partition) -> tuple[Partition, int] | None:
+    """``(original partition, generation)`` of a re-read partition, ``None`` for any other."""
+    if not isinstance(partition, tuple) or not partition:
+        return None
+    last = partition[-1]
+    if not isinstance(last, str) or not last.startswith(REREAD) or not last[len(REREAD) :].isdigit():
+        return None
+    base = partition[:-1]
+    return (base[0] if len(base) == 1 else base), int(last[len(REREAD) :])
 
 
 def decode_partition(text: str) -> Partition:

@@ -169,6 +169,13 @@ class SourceBase:
     #: Whether :meth:`read` may run in several threads of one process at once (the in-driver
     #: data plane then reads splits in parallel). Off unless a source says so.
     parallel_reads: bool = False
+    #: Whether an offset names one record, so a user may skip a partition ahead to any offset
+    #: (``reclock set-offsets``). Off unless a source says so: a byte offset into a file would
+    #: cut a record in two.
+    settable_offsets: bool = False
+    #: Whether the source reads a partition made by :func:`~reclock.time.reread` (``reclock
+    #: set-offsets`` below what is bound): the same records again, under their own identity.
+    rereads: bool = False
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         """One split per partition that advanced, cut at :attr:`max_split_offsets`."""

@@ -242,6 +242,8 @@ class GeneratorSource(SourceBase):
     Spark task can rebuild any split from the source object alone.
     """
 
+    settable_offsets = True  # an offset is one event
+
     def __init__(
         self,
         *,

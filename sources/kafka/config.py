@@ -24,7 +24,7 @@ import pyarrow as pa
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
 from reclock.sources.decode import Decoder, as_schema, make_decoder
-from reclock.time import Partition, decode_partition, encode_partition
+from reclock.time import Partition, decode_partition, encode_partition, reread_of
 
 __all__ = [
     "METADATA_COLUMNS",
@@ -113,8 +113,11 @@ class Routing:
         return not topic.startswith("__") and re.fullmatch(self.pattern, topic) is not None
 
     def owns(self, partition: Partition) -> bool:
-        """Whether ``partition`` is a ``(topic, partition)`` of this source (frontiers the runtime
-        hands back may name other sources' partitions)."""
+        """Whether ``partition`` is a ``(topic, partition)`` of this source, or a re-read of one
+        (frontiers the runtime hands back may name other sources' partitions)."""
+        again = reread_of(partition)
+        if again is not None:
+            partition = again[0]
         return (
             isinstance(partition, tuple)
             and len(partition) == 2

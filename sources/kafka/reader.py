@@ -69,7 +69,7 @@ def read_splits(
         yield from read.run(splits, routes, fetcher)
         return
     wanted = {meta for route in routes for meta, _ in route.metadata}
-    ranges = [(s.partition, s.start, s.end) for s in splits if s.end > s.start]
+    ranges = [(_kafka(s), s.start, s.end) for s in splits if s.end > s.start]
     with lease(clients, time.monotonic() + clients.read_timeout_s) as client:
         own = Fetcher(client, clients, ranges, keys="key" in wanted, headers="headers" in wanted)
         yield from read.run(splits, routes, own)
@@ -92,25 +92,26 @@ class _Read:
             encoded = encode_partition(split.partition)
             lost_from = getattr(split, "lost_from", None)
             if lost_from is not None and lost_from < split.start:
-                yield ERRORS, lost_batch(encoded, split.partition, lost_from, split.start)
+                yield ERRORS, lost_batch(encoded, _kafka(split), lost_from, split.start)
             waiting = pending.setdefault(route.name, Pending(route, fail=self.fail))
             for piece in self._pieces(split, encoded, fetcher):
                 if isinstance(piece, pa.RecordBatch):
                     yield ERRORS, piece
                     continue
-                waiting.add(split.partition, encoded, piece)
+                waiting.add(_kafka(split), encoded, piece)
                 yield from waiting.take(self.flush_rows)
         for waiting in pending.values():
             yield from waiting.take(0)
 
     def _pieces(self, split: Split, encoded: str, fetcher: Fetcher) -> Iterator[Fetched | pa.RecordBatch]:
         """The split's records in fetched chunks, and an errors batch for offsets found lost."""
-        topic, kpart = split.partition
+        kafka = _kafka(split)
+        topic, kpart = kafka
         end = split.end
         position = split.start
         while position < end:
             try:
-                for chunk in fetcher.chunks(split.partition, position, self.clients.read_timeout_s):
+                for chunk in fetcher.chunks(kafka, position, self.clients.read_timeout_s):
                     lo, hi = np.searchsorted(chunk.offsets, [split.start, end])
                     if lo or hi < len(chunk):
                         chunk = chunk.window(int(lo), int(hi))
@@ -119,15 +120,15 @@ class _Read:
                 position = end
             except OffsetLost as lost:
                 # Retention deleted what this split needs after it was planned.
-                low = self._low_watermark(split.partition, lost.offset)
+                low = self._low_watermark(kafka, lost.offset)
                 if self.on_offset_lost == "fail":
                     raise DefiniteSourceError(
                         f"kafka partition {topic}[{kpart}]: offset {lost.offset} is below the low watermark "
                         f"{low}; records [{lost.offset}, {min(low, end)}) were deleted before they were read"
                     ) from None
-                yield lost_batch(encoded, split.partition, lost.offset, min(low, end))
+                yield lost_batch(encoded, kafka, lost.offset, min(low, end))
                 position = min(low, end)
-                fetcher.skip_to(split.partition, position)
+                fetcher.skip_to(kafka, position)
 
     def _low_watermark(self, partition: tuple[str, int], offset: int) -> int:
         """The partition's low watermark, which must lie past ``offset`` for the offset to be lost:
@@ -145,6 +146,11 @@ class _Read:
                 f"but not below the low watermark {low}"
             )
         return low
+
+
+def _kafka(split: Split) -> tuple[str, int]:
+    """The Kafka partition a split reads: its own, or the one a re-read partition copies."""
+    return split.partition[0], split.partition[1]
 
 
 def lost_batch(encoded: str, partition: tuple[str, int], start: int, stop: int) -> pa.RecordBatch:

@@ -36,7 +36,7 @@ from reclock.sources.kafka.probe import Prober
 from reclock.sources.kafka.reader import read_splits
 from reclock.sources.kafka.shaping import shape
 from reclock.sources.kafka.splits import KafkaSplit, cut
-from reclock.time import Frontier, Partition
+from reclock.time import Frontier, Partition, reread_of
 
 __all__ = ["KafkaSource"]
 
@@ -61,6 +61,8 @@ class KafkaSource(SourceBase):
 
     #: Reads share nothing but the client pool, which is locked: threads may read at once.
     parallel_reads = True
+    settable_offsets = True
+    rereads = True
 
     def __init__(
         self,
@@ -156,12 +158,23 @@ class KafkaSource(SourceBase):
             ((p, lower.offset(p), end) for p, end in upper.items() if end > lower.offset(p) and self._owns(p)),
             key=lambda item: (item[0][0], item[0][1]),
         )
+        # A re-read's range is exactly what set-offsets bound: no start position applies, and a
+        # range the topic lost by now is found lost by the reader like any other.
+        again = [(p, begin, end) for p, begin, end in todo if reread_of(p) is not None]
+        todo = [item for item in todo if reread_of(item[0]) is None]
+        out = [
+            KafkaSplit(p, start, min(end, start + self.max_split_offsets))
+            for p, begin, end in again
+            for start in range(begin, end, self.max_split_offsets)
+        ]
         if not todo:
-            return []
+            return out
         fresh = [p for p, begin, _ in todo if begin == 0]
         starts = self._prober.start_positions(fresh) if fresh else {}
         lows = self._low_watermarks([p for p, _, _ in todo])
-        return cut(todo, starts, lows, on_offset_lost=self.on_offset_lost, max_split_offsets=self.max_split_offsets)
+        return out + cut(
+            todo, starts, lows, on_offset_lost=self.on_offset_lost, max_split_offsets=self.max_split_offsets
+        )
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Yield the records of ``split`` (exactly ``[start, end)``) as ``(output, batch)`` pairs.
@@ -176,19 +189,20 @@ class KafkaSource(SourceBase):
         shared requests, a route's records decoded together across partitions (a batch may hold
         records of several splits). The data plane reads a task this way and falls back to
         :meth:`read`, split by split, to tell which splits fail."""
-        yield from read_splits(
-            splits,
-            self._routing,
-            self._clients,
-            flush_rows=self.flush_rows,
-            on_offset_lost=self.on_offset_lost,
-            on_record_error=self.on_record_error,
-        )
+        for wave in _waves(splits):
+            yield from read_splits(
+                wave,
+                self._routing,
+                self._clients,
+                flush_rows=self.flush_rows,
+                on_offset_lost=self.on_offset_lost,
+                on_record_error=self.on_record_error,
+            )
 
     def commit(self, frontier: Frontier) -> None:
         """Commit the frontier's offsets of this source's partitions to ``group_id`` (offset =
         next to read). Advisory: logs a warning on failure, never raises."""
-        commit_offsets(self._clients, self.group_id, frontier, self._owns)
+        commit_offsets(self._clients, self.group_id, frontier, lambda p: self._owns(p) and reread_of(p) is None)
 
     def close(self) -> None:
         """Close the driver-side clients (the probe and the committer)."""
@@ -222,6 +236,10 @@ class KafkaSource(SourceBase):
     def _low_watermarks(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
         return self._prober.low_watermarks(partitions)
 
+    def earliest(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
+        """The low watermarks of ``partitions`` (``reclock offsets`` shows them as *earliest*)."""
+        return dict(self._low_watermarks([p for p in partitions if self._owns(p) and reread_of(p) is None]))
+
     def _shape(self, records: Fetched, encoded: str, topic: str, kpart: int) -> Iterator[tuple[str, pa.RecordBatch]]:
         """:func:`~sources.kafka.reader.shape` with this source's route and ``on_record_error``."""
         route = self._routing.route(topic)
@@ -234,3 +252,24 @@ class KafkaSource(SourceBase):
         if "timestamp" in self.start:
             return repr({"timestamp": self.start["timestamp"]})
         return f"<{len(self.start)} partition offsets>"
+
+
+def _waves(splits: Sequence[Split]) -> list[list[Split]]:
+    """``splits`` in groups that each read a Kafka partition at most once.
+
+    One fetch stream holds one position per Kafka partition, so a re-read range and the live
+    range of the same partition (or two re-reads of it) are read one after the other.
+    """
+    waves: list[list[Split]] = []
+    taken: list[set[tuple[str, int]]] = []
+    for split in splits:
+        kafka = (split.partition[0], split.partition[1])
+        for wave, seen in zip(waves, taken, strict=True):
+            if kafka not in seen:
+                wave.append(split)
+                seen.add(kafka)
+                break
+        else:
+            waves.append([split])
+            taken.append({kafka})
+    return waves

@@ -352,17 +352,22 @@ def start_job(lake, name: str, max_seconds: float) -> tuple[subprocess.Completed
         [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name, "--max-seconds", str(max_seconds)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=240,
     )
     return done, time.monotonic() - started
 
 
 def test_max_seconds_holds_while_the_kafka_broker_is_down(tmp_path):
-    """A probe waits up to read_timeout_s (30 s by default) for a broker; a stop must not."""
-    assert main(["create", str(write(tmp_path, KAFKA.format(port=free_port())))]) == 0
+    """A probe waits up to read_timeout_s for a broker; a stop must not.
+
+    The probe's wait is made far longer than any start-up on a loaded machine, so a job that
+    waited for it is told from one that stopped on time by a margin of minutes, not seconds.
+    """
+    text = KAFKA.format(port=free_port()) + "read_timeout_s = 100\n"
+    assert main(["create", str(write(tmp_path, text))]) == 0
     done, elapsed = start_job(tmp_path / "lake", "events", 3)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert elapsed < 3 + 6  # a timeout contract with a generous margin (start-up, final status writes)
+    assert elapsed < 3 + 60  # far below the probe's 100 s: the stop did not wait for it
     assert json.loads((tmp_path / "lake" / "events" / "status.json").read_text())["health"] == "stopped"
 
 
@@ -397,6 +402,7 @@ def test_a_number_valued_secret_is_masked_in_the_status_table_and_status(tmp_pat
 def test_an_invalid_value_from_the_environment_is_named_but_never_shown(tmp_path, capsys, monkeypatch, value):
     monkeypatch.setenv("RECLOCK_TEST_KPASS", value)
     text = KAFKA.format(port=free_port()) + 'read_timeout_s = "${RECLOCK_TEST_KPASS}"\n'
-    line = one_line_error(capsys, ["create", str(write(tmp_path, text))])
+    path = write(tmp_path, text)
+    line = one_line_error(capsys, ["create", str(path)])
     assert "source.read_timeout_s: " in line and "${RECLOCK_TEST_KPASS}" in line
-    assert value not in line
+    assert value not in line.replace(str(path), "")  # the file's name may hold "-3" (pytest-322/...)

@@ -240,15 +240,15 @@ def test_a_second_driver_with_a_stale_plan_is_fenced_and_duplicates_nothing(tmp_
 
 
 def test_only_one_job_can_run_a_pipeline_at_a_time(tmp_path):
-    from reclock import job
+    from reclock import control
     from reclock.errors import ReclockError
 
     lake = Lake.at(tmp_path)
-    first = job._exclusive(lake, "pipe")
+    first = control.exclusive(lake, "pipe")
     with pytest.raises(ReclockError, match="already running"):
-        job._exclusive(lake, "pipe")
+        control.exclusive(lake, "pipe")
     first.close()
-    job._exclusive(lake, "pipe").close()
+    control.exclusive(lake, "pipe").close()
 
 
 def test_a_finished_pipeline_does_not_hold_back_reads_across_pipelines(tmp_path):

@@ -44,7 +44,8 @@ def run_generator_job(tmp_path, **pipeline):
 def test_batch_rows_add_up_to_the_output_rows_and_offsets_match_lineage(tmp_path):
     lake, _ = run_generator_job(tmp_path)
     batches = read_status_table(lake, "batches", "auctions")
-    assert set(batches.column("state").to_pylist()) <= {"Succeeded", "No Data"}
+    assert set(batches.column("state").to_pylist()) <= {"In Progress", "Succeeded", "No Data"}
+    batches = batches.filter(pc.field("state") != "In Progress")  # announced at plan time: no rows yet
     outputs = [o for o in lake.outputs("auctions") if o != ERRORS]
     tables = [read_table(DeltaTable(str(lake.output_path("auctions", o)))) for o in outputs]
     assert pc.sum(batches.column("rows")).as_py() == sum(t.num_rows for t in tables) == 30_000
@@ -138,7 +139,8 @@ def test_batch_rows_a_killed_job_never_flushed_are_restored_from_the_lake_on_sta
     restored = [r for r in read_status_table(lake, "batches", "auctions").to_pylist() if r["batch_id"] in lost]
     assert spans(restored, lost) == spans(recorded, lost)
     states = {(r["batch_id"], r["state"]) for r in restored}
-    assert states == {(r["batch_id"], r["state"]) for r in recorded if r["batch_id"] in lost}
+    ended = {(r["batch_id"], r["state"]) for r in recorded if r["batch_id"] in lost and r["state"] != "In Progress"}
+    assert states == ended  # outcomes are restored; that a finished batch was once in progress is not
     assert all(r["rows"] is None and r["duration_ms"] is None for r in restored)  # never measured: not made up
     again = read_status_table(lake, "batches", "auctions").num_rows
     job.run(lake, "auctions")
