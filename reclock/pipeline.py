@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -55,6 +55,8 @@ from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, error_batch
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
+from reclock.windowing import WindowCloser
+from reclock.windows import Window, check_windows
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
 
@@ -116,6 +118,7 @@ class Pipeline:
         maintenance: Maintenance | None = None,
         now: Callable[[], int] = wall_clock_ms,
         on_step: Callable[[str], None] | None = None,
+        windows: Sequence[Window] = (),
     ) -> None:
         if not NAME_PATTERN.match(name):
             raise ConfigError("name", f"pipeline name {name!r} must be an identifier of at most 64 characters")
@@ -144,6 +147,10 @@ class Pipeline:
             )
             for output in self.outputs.values()
         }
+        check_windows(windows, list(self.outputs.values()))
+        self.windows = [
+            WindowCloser(self.lake, name, w, self.outputs[w.output].schema, on_commit=self._on_step) for w in windows
+        ]
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -177,11 +184,24 @@ class Pipeline:
         """Some binding is durable but not yet in every output."""
         return self.resume_upper < self.remap.bindings.upper
 
+    @property
+    def windows_current(self) -> bool:
+        """Every window the outputs' uppers close is in its table (see :mod:`reclock.windowing`)."""
+        finished = self.finished
+        return all(c.current(self.sinks[c.window.output].upper, finished) for c in self.windows)
+
+    def close_windows(self) -> int:
+        """Emit every window whose end its output's upper has passed; how many had rows."""
+        finished = self.finished
+        return sum(c.close(self.sinks[c.window.output].upper, finished) for c in self.windows)
+
     def step(self) -> BatchReport:
-        """Catch up pending bindings, or else run steps 1 to 6 of the module docstring once."""
+        """Close due windows, then catch up pending bindings or else run steps 1 to 6 once."""
         return self._step(None)
 
     def _step(self, stop: threading.Event | None) -> BatchReport:
+        # What an earlier step could not close is closed first; a failure here fails the step.
+        self.close_windows()
         if not self.pending:
             self.minter.probe_and_mint(stop)
             self._on_step("minted")
@@ -190,7 +210,20 @@ class Pipeline:
             self._batches_since_maintenance += 1
             if self.maintenance.every and self._batches_since_maintenance >= self.maintenance.every:
                 report.maintenance = self._scheduled_maintenance()
+            self._windows_after_batch()
         return report
+
+    def _windows_after_batch(self) -> None:
+        """Close the windows this batch's commits passed, at once (a stop right after loses none).
+
+        The batch is committed already, so a failure here must not turn it into a failed one: it
+        is logged, and the next step's first act closes the windows again, failing or stalling
+        the pipeline by the usual rules if it fails again.
+        """
+        try:
+            self.close_windows()
+        except Exception as exc:  # retried, and then raised, by the next step
+            log.warning("pipeline %s: closing windows failed, retried next step: %s", self.name, describe(exc))
 
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
         """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
@@ -269,7 +302,7 @@ class Pipeline:
             if on_health is not None:
                 on_health(self)
 
-        while not stop.is_set() and not self.finished:
+        while not stop.is_set() and not (self.finished and self.windows_current):
             try:
                 report = self._step(stop)
             except Interrupted:
