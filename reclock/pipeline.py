@@ -229,6 +229,7 @@ class Pipeline:
         """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
         self._batches_since_maintenance = 0
         outputs = {name: sink.path for name, sink in self.sinks.items()}
+        outputs |= {f"windows/{c.window.name}": c.table.path for c in self.windows}  # a commit per pass too
         report = maintain(
             self.remap, outputs, self.resume_upper, self._now(), self.maintenance, optimize=optimize, vacuum=vacuum
         )

@@ -377,3 +377,20 @@ def test_a_changed_window_definition_cannot_continue_its_table(tmp_path):
     start(tmp_path, source, clock).step()
     with pytest.raises(ConfigError, match="another definition"):
         start(tmp_path, source, clock, windows=[window(size=2000)])
+
+
+def test_the_jobs_maintenance_compacts_window_tables_without_changing_a_row(tmp_path):
+    source = MemorySource({"bids": SCHEMA})
+    clock = FakeClock(1000)
+    pipeline = start(tmp_path, source, clock, windows=[window(size=200)])
+    for ms in range(1000, 3000, 250):
+        clock.ms = ms
+        source.append(0, "bids", [{"g": "a", "v": ms}])
+        pipeline.step()
+    before, label, _ = window_table(tmp_path)
+    assert len(before) > 3
+    report = pipeline.maintain()
+    assert report.optimized["windows/w"] > 0
+    after, label_after, _ = window_table(tmp_path)
+    assert label_after == label and same(after, before)
+    assert len(DeltaLog(tmp_path / "pipe" / "windows" / "w").refresh().uris()) == 1
