@@ -22,8 +22,14 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from reclock.persist.lake import Lake
+from reclock.pipeline import Pipeline
+from reclock.settings import Settings
+from reclock.testing import FakeClock, MemorySource
+from reclock.windows import Window
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import files_pipeline_config, reclock_cli, write_config, write_numbered_csvs
+from tests.integration.s3 import mirror
 
 pytestmark = pytest.mark.integration
 
@@ -220,3 +226,22 @@ def test_an_idle_files_pipeline_still_emits_its_last_window_once_the_frontier_pa
     check_windows(lake, "ingest", "rows", [window])
     rows = [r for _, added in window_commits(table, "reclock/ingest/windows/by_name") for r in added]
     assert sum(r["n"] for r in rows) == 50 + 51 + 52  # every row in exactly one emitted window
+
+
+def test_windows_of_a_pipeline_in_an_s3_lake_are_read_and_committed_through_the_store(s3_server, tmp_path):
+    import pyarrow as pa
+
+    bucket = s3_server.bucket()
+    lake = Lake.at(f"s3://{bucket}/lake", s3_server.storage_options)
+    aggregates = {"n": "count(*)", "top": "max(v)"}
+    window = {"name": "per_g", "output": "rows", "size_ms": 1000, "group_by": ["g"], "aggregates": aggregates}
+    source = MemorySource({"rows": pa.schema([("g", pa.string()), ("v", pa.int64())])})
+    clock = FakeClock(1000)
+    spec = Window("per_g", "rows", 1000, aggregates, ("g",))
+    pipeline = Pipeline("p", lake, source, now=clock, settings=Settings(idle_interval=0.1), windows=[spec])
+    for ms in (1000, 1500, 2200, 3100):
+        clock.ms = ms
+        source.append(ms % 2, "rows", [{"g": "a", "v": ms}, {"g": "b", "v": -ms}])
+        pipeline.step()
+    mirror(s3_server, bucket, "lake/p", tmp_path / "p")
+    assert check_windows(tmp_path, "p", "rows", [window]) == 3101  # closed: [1000, 2000) and [2000, 3000)
