@@ -55,8 +55,8 @@ from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, error_batch
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
-from reclock.windowing import WindowCloser
-from reclock.windows import Window, check_windows
+from reclock.windowing import Windows
+from reclock.windows import Window
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
 
@@ -147,10 +147,7 @@ class Pipeline:
             )
             for output in self.outputs.values()
         }
-        check_windows(windows, list(self.outputs.values()))
-        self.windows = [
-            WindowCloser(self.lake, name, w, self.outputs[w.output].schema, on_commit=self._on_step) for w in windows
-        ]
+        self.windows = Windows(self.lake, name, windows, self.outputs, on_commit=self._on_step)
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -187,13 +184,14 @@ class Pipeline:
     @property
     def windows_current(self) -> bool:
         """Every window the outputs' uppers close is in its table (see :mod:`reclock.windowing`)."""
-        finished = self.finished
-        return all(c.current(self.sinks[c.window.output].upper, finished) for c in self.windows)
+        return self.windows.current(self._uppers(), self.finished)
 
     def close_windows(self) -> int:
         """Emit every window whose end its output's upper has passed; how many had rows."""
-        finished = self.finished
-        return sum(c.close(self.sinks[c.window.output].upper, finished) for c in self.windows)
+        return self.windows.close(self._uppers(), self.finished)
+
+    def _uppers(self) -> dict[str, IntoTime]:
+        return {name: sink.upper for name, sink in self.sinks.items()}
 
     def step(self) -> BatchReport:
         """Close due windows, then catch up pending bindings or else run steps 1 to 6 once."""
@@ -210,26 +208,14 @@ class Pipeline:
             self._batches_since_maintenance += 1
             if self.maintenance.every and self._batches_since_maintenance >= self.maintenance.every:
                 report.maintenance = self._scheduled_maintenance()
-            self._windows_after_batch()
+            self.windows.close_after_batch(self._uppers(), self.finished)  # at once: a stop loses none
         return report
-
-    def _windows_after_batch(self) -> None:
-        """Close the windows this batch's commits passed, at once (a stop right after loses none).
-
-        The batch is committed already, so a failure here must not turn it into a failed one: it
-        is logged, and the next step's first act closes the windows again, failing or stalling
-        the pipeline by the usual rules if it fails again.
-        """
-        try:
-            self.close_windows()
-        except Exception as exc:  # retried, and then raised, by the next step
-            log.warning("pipeline %s: closing windows failed, retried next step: %s", self.name, describe(exc))
 
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
         """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
         self._batches_since_maintenance = 0
         outputs = {name: sink.path for name, sink in self.sinks.items()}
-        outputs |= {f"windows/{c.window.name}": c.table.path for c in self.windows}  # a commit per pass too
+        outputs |= self.windows.paths()  # a commit per pass too
         report = maintain(
             self.remap, outputs, self.resume_upper, self._now(), self.maintenance, optimize=optimize, vacuum=vacuum
         )

@@ -6,10 +6,11 @@ later row is stamped by a later binding, at or above ``e``. So a closed window i
 watermark, no allowed lateness, no late data. A finished pipeline (its source closed) also closes
 the window holding its last binding: nothing can ever reach it.
 
-Window state is never kept between passes. Each pass (:meth:`WindowCloser.close`, called by the
-pipeline at the start of every step) recomputes the windows between the window table's upper and
-the input's from the output table itself, reading only the files whose ``_into_ts`` statistics
-overlap them, and commits their rows labelled with the end of the last one. After any crash the
+Window state is never kept between passes. Each pass (:meth:`WindowCloser.close`, run by the
+pipeline after each batch and at the start of every step, see :class:`Windows`) recomputes the
+windows between the window table's upper and the input's from the output table itself, reading
+only the files whose ``_into_ts`` statistics overlap them, and commits their rows labelled with
+the end of the last one. After any crash the
 next pass starts from the label: a window committed before is skipped, one not committed is
 computed again from the same immutable rows, so each window lands once, with one content.
 
@@ -22,19 +23,24 @@ its groups, which ``max_groups`` bounds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from reclock.errors import DefiniteSourceError
+from reclock.errors import DefiniteSourceError, describe
 from reclock.persist.lake import Lake
+from reclock.persist.store import LakePath
 from reclock.persist.windows import InputScan, WindowTable
+from reclock.sources.base import Output
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime
-from reclock.windows import WINDOW_END, WINDOW_START, Aggregate, Window
+from reclock.windows import WINDOW_END, WINDOW_START, Aggregate, Window, check_windows
 
-__all__ = ["MaxGroupsExceeded", "WindowCloser", "window_schema"]
+__all__ = ["MaxGroupsExceeded", "WindowCloser", "Windows", "window_schema"]
+
+log = logging.getLogger("reclock.windowing")
 
 _ORDER = (INTO_TS, PARTITION, OFFSET)
 _FIRST = tuple(f"__first{c}" for c in _ORDER)
@@ -69,6 +75,48 @@ def _result_type(agg: Aggregate, schema: pa.Schema) -> pa.DataType:
     if agg.function == "sum":
         return pa.int64() if pa.types.is_integer(kind) else pa.float64()
     return kind
+
+
+class Windows:
+    """A pipeline's windows: each closed by the upper of the output it reads.
+
+    The pipeline calls :meth:`close_after_batch` right after a batch commits (so a job that stops
+    then has emitted every window its outputs closed) and :meth:`close` first thing in every step.
+    The batch before the first is committed already, so a failure there is only logged; the
+    second retries, and its failure is the step's, stalling or failing the pipeline by the usual
+    rules (:class:`MaxGroupsExceeded` fails it at once).
+    """
+
+    def __init__(
+        self,
+        lake: Lake,
+        pipeline: str,
+        windows: Sequence[Window],
+        outputs: Mapping[str, Output],
+        *,
+        on_commit: Callable[[str], None] | None = None,
+    ) -> None:
+        check_windows(windows, list(outputs.values()))
+        self.pipeline = pipeline
+        self.closers = [WindowCloser(lake, pipeline, w, outputs[w.output].schema, on_commit=on_commit) for w in windows]
+
+    def current(self, uppers: Mapping[str, IntoTime], finished: bool) -> bool:
+        """Every window the outputs' ``uppers`` close is in its table."""
+        return all(c.current(uppers[c.window.output], finished) for c in self.closers)
+
+    def close(self, uppers: Mapping[str, IntoTime], finished: bool) -> int:
+        """Emit every window the outputs' ``uppers`` close; how many had rows."""
+        return sum(c.close(uppers[c.window.output], finished) for c in self.closers)
+
+    def close_after_batch(self, uppers: Mapping[str, IntoTime], finished: bool) -> None:
+        try:
+            self.close(uppers, finished)
+        except Exception as exc:  # retried, and then raised, by the next step
+            log.warning("pipeline %s: closing windows failed, retried next step: %s", self.pipeline, describe(exc))
+
+    def paths(self) -> dict[str, LakePath]:
+        """The window tables, named for maintenance reports (``windows/<name>``)."""
+        return {f"windows/{c.window.name}": c.table.path for c in self.closers}
 
 
 class WindowCloser:
