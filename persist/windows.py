@@ -155,7 +155,10 @@ class InputScan:
             if f.hi < lo or f.lo >= hi:
                 continue
             with lake_io(f"reading output table {self._path.name}"), self._open(f.location) as parquet:
-                for batch in parquet.iter_batches(columns=list(dict.fromkeys([*columns, INTO_TS]))):
+                groups = _row_groups(parquet, lo, hi)
+                if not groups:
+                    continue
+                for batch in parquet.iter_batches(row_groups=groups, columns=list(dict.fromkeys([*columns, INTO_TS]))):
                     ts = batch.column(INTO_TS)
                     keep = pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi))
                     batch = batch.filter(keep)
@@ -173,3 +176,22 @@ class InputScan:
         if isinstance(location, Path):
             return pq.ParquetFile(location)
         return pq.ParquetFile(self._store.filesystem().open_input_file(location.location))
+
+
+def _row_groups(parquet: pq.ParquetFile, lo: IntoTime, hi: IntoTime) -> list[int]:
+    """The row groups that may hold an into time in ``[lo, hi)``, by their statistics.
+
+    A file ``optimize`` merged spans many windows; its row groups each span fewer, so a window
+    reads only its own part of the file.
+    """
+    meta = parquet.metadata
+    leaves = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    if INTO_TS not in leaves:
+        return list(range(meta.num_row_groups))
+    column = leaves.index(INTO_TS)  # a leaf index: nested columns before it have several leaves
+    groups = []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max or (stats.min < hi and stats.max >= lo):
+            groups.append(i)
+    return groups

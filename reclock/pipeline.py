@@ -205,10 +205,11 @@ class Pipeline:
             self._on_step("minted")
         report = self._run_batch()
         if not report.idle:
+            # At once (a stop loses none), and before optimize merges the batch's small files.
+            self.windows.close_after_batch(self._uppers(), self.finished)
             self._batches_since_maintenance += 1
             if self.maintenance.every and self._batches_since_maintenance >= self.maintenance.every:
                 report.maintenance = self._scheduled_maintenance()
-            self.windows.close_after_batch(self._uppers(), self.finished)  # at once: a stop loses none
         return report
 
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:

@@ -394,3 +394,17 @@ def test_the_jobs_maintenance_compacts_window_tables_without_changing_a_row(tmp_
     after, label_after, _ = window_table(tmp_path)
     assert label_after == label and same(after, before)
     assert len(DeltaLog(tmp_path / "pipe" / "windows" / "w").refresh().uris()) == 1
+
+
+def test_a_window_reads_only_the_row_groups_of_its_into_times_from_a_merged_file(tmp_path):
+    """After optimize merges many batches into one file, a window reads only its part of it."""
+    import pyarrow.parquet as pq
+
+    from reclock.persist.windows import _row_groups
+
+    path = tmp_path / "merged.parquet"
+    nested = pa.array([{"a": i, "b": [i]} for i in range(10_000)])  # leaves before _into_ts's
+    pq.write_table(pa.table({"n": nested, "_into_ts": pa.array(range(10_000), pa.int64())}), path, row_group_size=1000)
+    assert _row_groups(pq.ParquetFile(path), 2500, 3500) == [2, 3]
+    assert _row_groups(pq.ParquetFile(path), 3000, 3001) == [3]
+    assert _row_groups(pq.ParquetFile(path), 10_000, 20_000) == []
