@@ -143,8 +143,9 @@ def assert_windows_equal(got: list[dict], want: list[dict], window: dict) -> Non
             assert ok, f"{window['name']} {k}: {name} is {mine}, the recomputation says {value}"
 
 
-def check_windows(lake: Path, pipeline: str, output: str, windows: list[dict]) -> int:
-    """Every window closed by the output's final upper is in its table once, as recomputed."""
+def check_windows(lake: Path, pipeline: str, output: str, windows: list[dict], *, finished: bool = False) -> int:
+    """Every window closed by the output's final upper is in its table once, as recomputed; once
+    the pipeline is ``finished``, the window holding its last into time too."""
     output_log = DeltaLog(lake / pipeline / "outputs" / output).refresh()
     upper = label_of(output_log, f"reclock/{pipeline}/{output}") + 1
     rows = pl.from_arrow(read_rows(output_log))
@@ -152,7 +153,7 @@ def check_windows(lake: Path, pipeline: str, output: str, windows: list[dict]) -
         table = lake / pipeline / "windows" / window["name"]
         app_id = f"reclock/{pipeline}/windows/{window['name']}"
         size = window["size_ms"]
-        closed = upper // size * size
+        closed = ((upper - 1) // size + 1) * size if finished else upper // size * size
         assert label_of(DeltaLog(table).refresh(), app_id) + 1 == closed, "a closed window was not emitted"
         commits = window_commits(table, app_id)
         previous = 0
@@ -245,3 +246,25 @@ def test_windows_of_a_pipeline_in_an_s3_lake_are_read_and_committed_through_the_
         pipeline.step()
     mirror(s3_server, bucket, "lake/p", tmp_path / "p")
     assert check_windows(tmp_path, "p", "rows", [window]) == 3101  # closed: [1000, 2000) and [2000, 3000)
+
+
+def test_a_bounded_generator_that_finishes_emits_its_last_partial_window_too(tmp_path):
+    lake = tmp_path / "lake"
+    config = write_config(
+        tmp_path / "p.toml",
+        pipeline={"name": "bounded", "lake": "lake", "engine": "local", "batch_interval": 0.1, "idle_interval": 0.5},
+        source={"kind": "generator", "partitions": 2, "rate": 3000, "limit": 6000},
+    )
+    assert reclock_cli("create", str(with_windows(config, BY_AUCTION))).returncode == 0
+    done = reclock_cli("--lake", str(lake), "start", "bounded", timeout=300)  # ends by itself, finished
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((lake / "bounded" / "status.json").read_text())["finished"]
+    check_windows(lake, "bounded", "bids", [BY_AUCTION], finished=True)
+    rows = [
+        r
+        for _, added in window_commits(
+            lake / "bounded" / "windows" / "by_auction", "reclock/bounded/windows/by_auction"
+        )
+        for r in added
+    ]
+    assert sum(r["bids"] for r in rows) == 6000 * 46 // 50  # every bid of the generator, in exactly one window
