@@ -5,7 +5,7 @@ and tests can use :class:`Frontier` and :class:`Bindings` anywhere. The rest of 
 (a pipeline, the source protocol and its helpers, as-of reads) is importable from here too, and
 loaded on first use::
 
-    from reclock import Pipeline, Settings, SourceBase, Output, Split, read_as_of, readable_upper
+    from reclock import Pipeline, Settings, SourceBase, Output, Split, Window, read_as_of, readable_upper
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ _LAZY = {
     "read_as_of_spark": "reclock.persist.asof",
     "readable_upper": "reclock.persist.asof",
     "Lake": "reclock.persist.lake",
+    "Window": "reclock.windows",
 }
 
 __all__ = [

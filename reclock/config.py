@@ -48,6 +48,7 @@ from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
 from reclock.sources.base import Source
+from reclock.windows import Window, parse_windows
 
 __all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_config", "parse_config", "redacted"]
 
@@ -72,6 +73,8 @@ class PipelineConfig:
     #: How ``create`` reaches an object-store lake, as written (``${NAME}`` not expanded). Not part
     #: of the stored definition: they say how to reach the lake, which a reader of it already knew.
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: Tumbling windows over the outputs, each into its own table (``[[windows]]``, docs/windows.md).
+    windows: tuple[Window, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say, less
@@ -95,7 +98,7 @@ class PipelineConfig:
             },
             "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
             "source": dict(self.source),
-        }
+        } | ({"windows": [w.to_dict() for w in self.windows]} if self.windows else {})
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -123,7 +126,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
 
-    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options"}, "", fail)
+    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options", "windows"}, "", fail)
     pipeline = _section(raw, "pipeline", fail, required=True)
     storage_options = dict(_section(raw, "storage_options", fail))
     try:
@@ -190,6 +193,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         maintenance,
         background,
         storage_options,
+        parse_windows(raw.get("windows"), file),
     )
     from reclock.persist.lake import NAME_PATTERN
 

@@ -37,11 +37,12 @@ from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
 from reclock.pipeline import BatchReport, BatchState, Pipeline
 from reclock.resumption import resume_upper
-from reclock.sources.base import Source
+from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 from reclock.sources.files import FilesSource
 from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.status_restore import restore_history
 from reclock.time import encode_partition, wall_clock_ms
+from reclock.windows import check_windows
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
 
@@ -62,7 +63,11 @@ def create(
     The lake is reached with the config's ``[storage_options]`` and then ``storage_options`` (the
     command line's, which win); neither is stored in the definition (see :func:`lake_of`).
     """
-    build_source(config, created_at_ms=now(), file=file)
+    source = build_source(config, created_at_ms=now(), file=file)
+    try:
+        check_windows(config.windows, [*source.outputs(), Output(ERRORS, ERRORS_SCHEMA)])
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
     definition = config.to_dict()
@@ -206,6 +211,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         data_plane=_data_plane(config, source),
         settings=config.settings,
         maintenance=config.maintenance,
+        windows=config.windows,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(

@@ -28,20 +28,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import StrEnum
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
-from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, SplitResult, output_rows
+from reclock.batches import BatchFailed, BatchReport, BatchState
+from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, output_rows
 from reclock.errors import (
     ConfigError,
     DefiniteSourceError,
     ErrorKind,
     FencedError,
-    ReclockError,
     TransientError,
     describe,
 )
@@ -56,56 +54,12 @@ from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, error_batch
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
+from reclock.windowing import Windows
+from reclock.windows import Window
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
 
 log = logging.getLogger("reclock.pipeline")
-
-
-class BatchState(StrEnum):
-    IN_PROGRESS = "In Progress"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    NO_DATA = "No Data"
-
-
-@dataclass
-class BatchReport:
-    """What one step did; ``binding_ts`` (the batch id) is ``None`` when there was nothing to do."""
-
-    binding_ts: IntoTime | None = None
-    state: BatchState = BatchState.NO_DATA
-    rows: dict[str, int] = field(default_factory=dict)
-    results: list[SplitResult] = field(default_factory=list)
-    skips: list[Skip] = field(default_factory=list)
-    lower: Frontier = field(default_factory=Frontier)
-    upper: Frontier = field(default_factory=Frontier)
-    started_ms: int = 0
-    duration_ms: int = 0
-    error: str | None = None
-    maintenance: MaintenanceReport | None = None  # when this step also maintained the tables
-    #: Milliseconds per phase, like Spark's ``durationMs``: ``probe`` and ``mint`` (absent when
-    #: the step replayed bindings minted before), ``plan``, ``read`` (reading, decoding and
-    #: writing files: the data plane) and ``commit`` (every output, then the source).
-    phases: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def idle(self) -> bool:
-        return self.binding_ts is None
-
-
-class BatchFailed(ReclockError):
-    """Some splits of a batch failed; nothing of the batch was committed."""
-
-    def __init__(self, report: BatchReport) -> None:
-        self.report = report
-        failed = [r for r in report.results if r.error]
-        self.kinds = {r.error_kind for r in failed}
-        first = failed[0]
-        super().__init__(
-            f"batch {report.binding_ts}: {len(failed)} of {len(report.results)} splits failed; first: partition "
-            f"{first.partition} offsets [{first.split.start}, {first.split.end}): {first.error}"
-        )
 
 
 class Pipeline:
@@ -122,6 +76,7 @@ class Pipeline:
         maintenance: Maintenance | None = None,
         now: Callable[[], int] = wall_clock_ms,
         on_step: Callable[[str], None] | None = None,
+        windows: Sequence[Window] = (),
     ) -> None:
         if not NAME_PATTERN.match(name):
             raise ConfigError("name", f"pipeline name {name!r} must be an identifier of at most 64 characters")
@@ -151,6 +106,7 @@ class Pipeline:
             )
             for output in self.outputs.values()
         }
+        self.windows = Windows(self.lake, name, windows, self.outputs, on_commit=self._on_step)
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -184,11 +140,25 @@ class Pipeline:
         """Some binding is durable but not yet in every output."""
         return self.resume_upper < self.remap.bindings.upper
 
+    @property
+    def windows_current(self) -> bool:
+        """Every window the outputs' uppers close is in its table (see :mod:`reclock.windowing`)."""
+        return self.windows.current(self._uppers(), self.finished)
+
+    def close_windows(self) -> int:
+        """Emit every window whose end its output's upper has passed; how many had rows."""
+        return self.windows.close(self._uppers(), self.finished)
+
+    def _uppers(self) -> dict[str, IntoTime]:
+        return {name: sink.upper for name, sink in self.sinks.items()}
+
     def step(self) -> BatchReport:
-        """Catch up pending bindings, or else run steps 1 to 6 of the module docstring once."""
+        """Close due windows, then catch up pending bindings or else run steps 1 to 6 once."""
         return self._step(None)
 
     def _step(self, stop: threading.Event | None) -> BatchReport:
+        # What an earlier step could not close is closed first; a failure here fails the step.
+        self.close_windows()
         minted: dict[str, int] = {}
         if not self.pending:
             minted = self.minter.probe_and_mint(stop)
@@ -196,6 +166,8 @@ class Pipeline:
         report = self._run_batch()
         report.phases = {**minted, **report.phases}
         if not report.idle:
+            # At once (a stop loses none), and before optimize merges the batch's small files.
+            self.windows.close_after_batch(self._uppers(), self.finished)
             self._batches_since_maintenance += 1
             if self.maintenance.every and self._batches_since_maintenance >= self.maintenance.every:
                 report.maintenance = self._scheduled_maintenance()
@@ -205,6 +177,7 @@ class Pipeline:
         """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
         self._batches_since_maintenance = 0
         outputs = {name: sink.path for name, sink in self.sinks.items()}
+        outputs |= self.windows.paths()  # a commit per pass too
         report = maintain(
             self.remap, outputs, self.resume_upper, self._now(), self.maintenance, optimize=optimize, vacuum=vacuum
         )
@@ -282,7 +255,7 @@ class Pipeline:
             if on_health is not None:
                 on_health(self)
 
-        while not stop.is_set() and not self.finished:
+        while not stop.is_set() and not (self.finished and self.windows_current):
             try:
                 report = self._step(stop)
             except Interrupted:

@@ -1,0 +1,197 @@
+"""Window tables: one Delta table per window, labelled like an output, and scans of its input.
+
+A window's table lives beside the pipeline's outputs, not among them::
+
+    <lake>/<pipeline>/windows/<name>/   Delta: one row per (window, group)
+
+so it never holds back the pipeline's resume or readable upper (it trails its input by up to a
+window). Each commit carries ``Transaction(app_id="reclock/<pipeline>/windows/<name>", version=V)``
+with ``V = end - 1`` of the last window it completes: the table then holds every window whose end
+is at most ``V + 1``, its *upper*, exactly as an output's label says which into times it holds. A
+replay of a commit is skipped by that label and a second writer is fenced (the same
+:class:`~reclock.persist.sink.OutputSink` does both), so a window is emitted once, whatever
+crashes.
+
+The table also records its window's definition (table property ``reclock.window``): a window whose
+size, groups or aggregates changed cannot continue a table computed with the old ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from reclock.errors import ConfigError
+from reclock.persist.lake import Lake
+from reclock.persist.sink import OutputSink, table_schema, write_data_file
+from reclock.persist.storage import lake_io
+from reclock.persist.store import LakePath, Store
+from reclock.time import INTO_TS, IntoTime
+
+__all__ = ["DEFINITION", "InputScan", "WindowTable", "window_app_id", "window_path"]
+
+#: The table property holding the window's definition, as JSON.
+DEFINITION = "reclock.window"
+
+
+def window_path(lake: Lake, pipeline: str, name: str) -> LakePath:
+    """Where window ``name`` of ``pipeline`` keeps its table."""
+    return lake.pipeline_dir(pipeline) / "windows" / name
+
+
+def window_app_id(pipeline: str, name: str) -> str:
+    """The transaction app id of a window table's commits; distinct from every output's."""
+    return f"reclock/{pipeline}/windows/{name}"
+
+
+class WindowTable:
+    """The driver-side owner of one window table: its upper, and labelled commits of closed windows."""
+
+    def __init__(self, lake: Lake, pipeline: str, name: str, schema: pa.Schema, definition: Mapping[str, Any]) -> None:
+        self.name = name
+        self._store = lake.store
+        self._sink = OutputSink(
+            window_path(lake, pipeline, name),
+            window_app_id(pipeline, name),
+            table_schema(schema, lineage=False),
+            store=lake.store,
+        )
+        wanted = json.dumps(dict(definition), sort_keys=True)
+        with lake_io(f"reading window table {name}"):
+            table = lake.store.open_table(self._sink.path)
+            stored = table.metadata().configuration.get(DEFINITION)
+            if stored is None:
+                table.alter.set_table_properties({DEFINITION: wanted}, raise_if_not_exists=False)
+        if stored is not None and stored != wanted:
+            raise ConfigError(
+                f"windows.{name}",
+                f"its table was computed with another definition ({stored}); give the changed window a new name",
+            )
+
+    @property
+    def upper(self) -> IntoTime:
+        """Every window whose end is at most this is in the table (0 before the first commit)."""
+        return self._sink.upper
+
+    @property
+    def path(self) -> LakePath:
+        return self._sink.path
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._sink.schema
+
+    def refresh(self) -> IntoTime:
+        """Re-read the label: before a pass, so a window another run committed is not redone."""
+        return self._sink.refresh()
+
+    def commit(self, rows: pa.Table, upper: IntoTime, *, planned_upper: IntoTime) -> bool:
+        """Add ``rows`` (every window ending in ``(planned_upper, upper]``) in one commit labelled
+        ``upper - 1``; ``False`` if that label is in already (a replay), nothing written twice."""
+        files = [write_data_file(self._sink.path, self.name, rows, self._store)] if rows.num_rows else []
+        return self._sink.commit(files, upper - 1, planned_upper=planned_upper)
+
+
+@dataclass(frozen=True)
+class _File:
+    location: LakePath
+    lo: IntoTime  # least and greatest _into_ts of its rows
+    hi: IntoTime
+
+
+class InputScan:
+    """Reads an append output's rows by into-time range, touching only the files that can hold them.
+
+    Every data file's statistics give its least and greatest ``_into_ts`` (reclock's writers
+    and ``optimize`` record them), so the files of a range are found from the log alone. Rows are
+    read batch by batch, never a whole range at once, so memory follows the window's groups, not
+    its rows.
+    """
+
+    def __init__(self, store: Store, path: LakePath) -> None:
+        self._store = store
+        self._path = path
+        self._table = store.open_table(path)
+        self._files: list[_File] = []
+
+    def refresh(self) -> None:
+        """Load the newest version's files and their into-time bounds; once per pass."""
+        with lake_io(f"reading output table {self._path.name}"):
+            self._table.update_incremental()
+            actions = pa.table(self._table.get_add_actions(flatten=True))
+        lo_name, hi_name = f"min.{INTO_TS}", f"max.{INTO_TS}"
+        names = actions.column_names
+        files = []
+        for row in actions.to_pylist():
+            location = self._path / unquote(row["path"])
+            lo = row.get(lo_name) if lo_name in names else None
+            hi = row.get(hi_name) if hi_name in names else None
+            if lo is None or hi is None:
+                lo, hi = self._bounds(location)
+            if lo is not None:
+                files.append(_File(location, lo, hi))
+        self._files = files
+
+    def windows(self, lo: IntoTime, hi: IntoTime, size: int) -> list[IntoTime]:
+        """Starts of the windows of ``size`` in ``[lo, hi)`` that some file may have rows in."""
+        starts: set[IntoTime] = set()
+        for f in self._files:
+            first, last = max(f.lo, lo), min(f.hi, hi - 1)
+            if first <= last:
+                starts.update(range(first // size * size, last // size * size + 1, size))
+        return sorted(starts)
+
+    def batches(self, lo: IntoTime, hi: IntoTime, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
+        """Rows with ``lo <= _into_ts < hi``, in file order, as record batches of ``columns``."""
+        for f in self._files:
+            if f.hi < lo or f.lo >= hi:
+                continue
+            with lake_io(f"reading output table {self._path.name}"), self._open(f.location) as parquet:
+                groups = _row_groups(parquet, lo, hi)
+                if not groups:
+                    continue
+                for batch in parquet.iter_batches(row_groups=groups, columns=list(dict.fromkeys([*columns, INTO_TS]))):
+                    ts = batch.column(INTO_TS)
+                    keep = pc.and_(pc.greater_equal(ts, lo), pc.less(ts, hi))
+                    batch = batch.filter(keep)
+                    if batch.num_rows:
+                        yield batch
+
+    def _bounds(self, location: LakePath) -> tuple[IntoTime | None, IntoTime | None]:
+        """A file without statistics (another writer's): its bounds from its own column."""
+        with self._open(location) as parquet:
+            column = parquet.read(columns=[INTO_TS]).column(INTO_TS)
+        bounds = pc.min_max(column)
+        return bounds["min"].as_py(), bounds["max"].as_py()
+
+    def _open(self, location: LakePath) -> pq.ParquetFile:
+        if isinstance(location, Path):
+            return pq.ParquetFile(location)
+        return pq.ParquetFile(self._store.filesystem().open_input_file(location.location))
+
+
+def _row_groups(parquet: pq.ParquetFile, lo: IntoTime, hi: IntoTime) -> list[int]:
+    """The row groups that may hold an into time in ``[lo, hi)``, by their statistics.
+
+    A file ``optimize`` merged spans many windows; its row groups each span fewer, so a window
+    reads only its own part of the file.
+    """
+    meta = parquet.metadata
+    leaves = [meta.schema.column(j).path for j in range(meta.num_columns)]
+    if INTO_TS not in leaves:
+        return list(range(meta.num_row_groups))
+    column = leaves.index(INTO_TS)  # a leaf index: nested columns before it have several leaves
+    groups = []
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max or (stats.min < hi and stats.max >= lo):
+            groups.append(i)
+    return groups
