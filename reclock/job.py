@@ -214,6 +214,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         data_plane=_data_plane(config, source),
         settings=config.settings,
         maintenance=config.maintenance,
+        layouts=config.layouts,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
