@@ -167,7 +167,9 @@ class FileReader:
             block, starts, ends = records.block, records.starts, records.ends
             objects = (json.loads(block[starts[k] : ends[k]]) for k in good)
             rows = ({n: v for n, v in obj.items() if n not in declared} for obj in objects)
-        return pa.array([json.dumps(row, separators=(",", ":"), ensure_ascii=False) if row else None for row in rows], pa.string())
+        return pa.array(
+            [json.dumps(row, separators=(",", ":"), ensure_ascii=False) if row else None for row in rows], pa.string()
+        )
 
     def _read_parquet(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Parquet: rows cast to the declared columns; a row with a value that does not fit is bad."""
