@@ -11,8 +11,8 @@ every record's other fields to the runtime as one JSON object in the staged colu
 * ``none`` (default): they are ignored, as before there were policies;
 * ``fail``: the batch is not committed, and the pipeline stops with one line naming the field;
   nothing is lost, since the batch is replayed whole once the output or the policy changed;
-* ``add``: each new field becomes a nullable **string** column (a JSON string as itself, any
-  other value as its JSON text: as Auto Loader, types are never guessed, so a field that is a
+* ``add``: each new field becomes a nullable **string** column (a JSON string as itself, a
+  null as null, any other value as its JSON text: as Auto Loader, types are never guessed, so a field that is a
   number in one record and text in another never fails a batch); earlier rows read it as null;
 * ``rescue``: the record's unknown fields go, as one JSON object, into the ``_rescued`` column.
 
@@ -71,7 +71,8 @@ def evolve(
             for name, value in json.loads(text).items():
                 if name in _RESERVED:
                     continue
-                values.setdefault(name, [None] * n)[row] = value if isinstance(value, str) else _json(value)
+                column = values.setdefault(name, [None] * n)
+                column[row] = value if value is None or isinstance(value, str) else _json(value)
     for name in added:
         if batch.schema.get_field_index(name) < 0:
             batch = batch.append_column(
