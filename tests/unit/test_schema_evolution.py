@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
+from reclock.cli import main
 from reclock.errors import ConfigError
 from reclock.health import Health
 from reclock.persist.evolution import SchemaEvolutionError
@@ -168,3 +169,46 @@ def test_add_on_an_upsert_output_or_parquet_files_is_refused_naming_the_field(tm
         Pipeline("pipe", tmp_path / "lake", upserts, layouts=add)
     with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: a MemorySource cannot report"):
         Pipeline("pipe", tmp_path / "lake", MemorySource({"rows": pa.schema([("id", pa.int64())])}), layouts=add)
+
+
+FILES_PIPELINE = """
+[pipeline]
+name = "pipe"
+lake = "lake"
+engine = "local"
+
+[source]
+kind = "files"
+path = "{inbox}"
+format = "jsonl"
+columns = {{ id = "int64", name = "string" }}
+
+[outputs.rows]
+partition_by = ["_into_date"]
+schema_evolution = "{mode}"
+"""
+
+
+def test_reclock_start_under_fail_prints_one_line_naming_the_field_then_add_goes_on(tmp_path, capsys):
+    jsonl(tmp_path / "in" / "1.jsonl", OLD + NEW)
+    config = tmp_path / "p.toml"
+    config.write_text(FILES_PIPELINE.format(mode="fail", inbox=tmp_path / "in"))
+    lake = str(tmp_path / "lake")
+    assert main(["create", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["--lake", lake, "start", "pipe", "--max-seconds", "60"]) != 0
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "output 'rows': new field 'color'" in err[0], err
+    assert not replay(table_path(tmp_path)).labels
+    config.write_text(FILES_PIPELINE.format(mode="add", inbox=tmp_path / "in"))
+    assert main(["create", "--replace", str(config)]) == 0
+    assert main(["--lake", lake, "start", "pipe", "--max-seconds", "10"]) == 0  # files never end: it stops
+    state = replay(table_path(tmp_path))
+    assert state.partition_columns == ["_into_date"]
+    assert sorted((r["id"], r["color"]) for r in state.rows()) == [
+        (1, None),
+        (2, None),
+        (3, "red"),
+        (4, "7"),
+        (5, None),
+    ]
