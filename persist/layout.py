@@ -36,6 +36,7 @@ __all__ = [
     "RESCUED",
     "EvolutionMode",
     "OutputLayout",
+    "check_layouts",
     "into_dates",
     "layout_schema",
     "layouts_to_dict",
@@ -122,6 +123,14 @@ def output_layouts(
             )
         keep(evolving)
     return dict(layouts)
+
+
+def check_layouts(source: Any, layouts: Mapping[str, OutputLayout], *, file: str | None = None) -> None:
+    """At ``create``: ``[outputs.<name>]`` names the source's outputs and suits their formats."""
+    try:
+        output_layouts(source, {o.name: o for o in source.outputs()}, layouts)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None
 
 
 def parse_layouts(raw: Any, *, prefix: str = "outputs") -> dict[str, OutputLayout]:

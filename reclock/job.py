@@ -31,7 +31,7 @@ from reclock.maintenance import maintain as run_maintenance
 from reclock.metrics import Metrics
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
-from reclock.persist.layout import output_layouts
+from reclock.persist.layout import check_layouts
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
@@ -62,11 +62,7 @@ def create(
     The lake is reached with the config's ``[storage_options]`` and then ``storage_options`` (the
     command line's, which win); neither is stored in the definition (see :func:`lake_of`).
     """
-    source = build_source(config, created_at_ms=now(), file=file)
-    try:  # [outputs.<name>] must name the source's outputs and suit their formats
-        output_layouts(source, {o.name: o for o in source.outputs()}, config.layouts)
-    except ConfigError as exc:
-        raise ConfigError(exc.field, exc.reason, file=file) from None
+    check_layouts(build_source(config, created_at_ms=now(), file=file), config.layouts, file=file)
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
     definition = config.to_dict()

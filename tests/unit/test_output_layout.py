@@ -14,6 +14,7 @@ from reclock.persist.asof import read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import OutputLayout
 from reclock.pipeline import Pipeline
+from reclock.sources.base import Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from tests.delta_log import replay
 
@@ -150,3 +151,25 @@ def test_layouts_round_trip_through_the_stored_definition(tmp_path):
     config = parse_config(raw)
     assert config.layouts == {"bids": OutputLayout(("_into_date",), "none")}
     assert parse_config(config.to_dict()).layouts == config.layouts
+
+
+def test_a_partitioned_upsert_output_merges_across_days_and_reads_as_of_each(tmp_path):
+    source = MemorySource({"kv": Output("kv", pa.schema([("k", pa.string()), ("v", pa.int64())]), ("k",), "upsert")})
+    clock = FakeClock(START)
+    layouts = {"kv": OutputLayout(("_into_date",))}
+    source.append(0, "kv", [{"k": "a", "v": 1}, {"k": "b", "v": 2}])
+    Pipeline("pipe", tmp_path, source, now=clock, layouts=layouts).step()
+    clock.ms = START + DAY
+    source.append(0, "kv", [{"k": "a", "v": 3}])
+    Pipeline("pipe", tmp_path, source, now=clock, layouts=layouts).step()
+    state = replay(Lake.at(tmp_path).output_path("pipe", "kv"))
+    assert state.partition_columns == ["_into_date"]
+    assert sorted((r["k"], r["v"], r["_into_date"]) for r in state.rows()) == [
+        ("a", 3, utc_day(START + DAY)),
+        ("b", 2, utc_day(START)),
+    ]
+    first = read_as_of(tmp_path, "pipe", START)["kv"]
+    assert sorted(zip(first.column("k").to_pylist(), first.column("v").to_pylist(), strict=True)) == [
+        ("a", 1),
+        ("b", 2),
+    ]
