@@ -52,7 +52,9 @@ def evolve(
     """``batch`` with the columns its output table has beyond the source's (``added`` earlier, and
     ``_rescued``) filled from its records' unknown fields, and the **new** fields as columns.
 
-    Runs in a task, on every batch of an output whose policy is not ``none``. A record's values
+    Runs in a task, on every batch of an output whose policy is not ``none`` or whose table has
+    such columns (a policy may change: columns a field added stay, and read null when no record
+    brings the field, as does ``_rescued`` once an output is no longer ``rescue``). A record's values
     depend on that record alone, so a replay produces the same rows. New fields come back
     sorted by name, whatever the order records brought them in.
     """
@@ -61,10 +63,10 @@ def evolve(
     if index >= 0:
         batch = batch.remove_column(index)
     n = batch.num_rows
-    if layout.schema_evolution == "rescue":
-        return batch.append_column(pa.field(RESCUED, pa.string()), unknown.cast(pa.string())), {}
     values: dict[str, list[Any]] = {}
-    if unknown.null_count < n:
+    if layout.schema_evolution == "rescue":
+        batch = batch.append_column(pa.field(RESCUED, pa.string()), unknown.cast(pa.string()))
+    elif unknown.null_count < n:
         for row, text in enumerate(unknown.to_pylist()):
             if text is None:
                 continue
@@ -79,7 +81,7 @@ def evolve(
                 pa.field(name, pa.string()), pa.array(values.pop(name, [None] * n), pa.string())
             )
     new = {name: pa.array(values[name], pa.string()) for name in sorted(values) if name not in schema.names}
-    return batch, new
+    return batch, new if layout.schema_evolution in ("add", "fail") else {}
 
 
 def new_fields_of(files: Iterable[Any]) -> list[str]:

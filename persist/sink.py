@@ -28,11 +28,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
+from deltalake.schema import Field
 from deltalake.transaction import AddAction
 
 from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields
-from reclock.persist.layout import OutputLayout, layout_schema, log_path, partition_groups
+from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, log_path, partition_groups
 from reclock.persist.storage import lake_io
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 from reclock.time import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
@@ -189,7 +190,9 @@ class OutputSink:
         self.refresh()
 
     def _adopt_layout(self) -> None:
-        """Check the table's partitioning against the layout; adopt the columns fields added."""
+        """Check the table's partitioning against the layout; adopt the columns fields added (and
+        ``_rescued`` of an output that was once ``rescue``); give ``_rescued`` to an output that
+        became ``rescue`` (a column before any row needs it: nothing to tie to a batch)."""
         partitioned = tuple(self._table.metadata().partition_columns)
         if partitioned != self.layout.partition_by:
             raise ConfigError(
@@ -197,6 +200,9 @@ class OutputSink:
                 f"the table is partitioned by {list(partitioned)}, the definition says "
                 f"{list(self.layout.partition_by)}: a table's partitioning cannot change",
             )
+        present = pa.schema(self._table.schema().to_arrow()).names
+        if RESCUED in self.schema.names and RESCUED not in present:  # an output switched to 'rescue'
+            self._table.alter.add_columns(Field(RESCUED, "string", nullable=True))
         added = [f for f in pa.schema(self._table.schema().to_arrow()) if f.name not in self.schema.names]
         if added:
             self.schema = pa.schema([*self.schema, *(pa.field(f.name, pa.string()) for f in added)])

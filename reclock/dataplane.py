@@ -291,6 +291,9 @@ def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
     )
 
 
+_PLAIN = OutputLayout()
+
+
 class _Task:
     """What one task lands: stamped, filtered, shaped rows pending per output, flushed to a
     parquet file every ``file_rows`` rows."""
@@ -316,8 +319,8 @@ class _Task:
             return None
         envelope, key = plan.envelopes.get(output, ("append", ()))
         new: dict[str, pa.Array] = {}
-        layout = plan.layouts.get(output)
-        if layout is not None and layout.schema_evolution != "none":
+        layout = plan.layouts.get(output, _PLAIN)
+        if layout.schema_evolution != "none" or output in plan.added:  # added columns: null if no field
             batch, new = evolve(batch, schema, layout, plan.added.get(output, ()))
         shaped = output_rows(_unwrap(batch, envelope, key), into, schema)
         for name, column in new.items():

@@ -212,3 +212,19 @@ def test_reclock_start_under_fail_prints_one_line_naming_the_field_then_add_goes
         (4, "7"),
         (5, None),
     ]
+
+
+def test_an_output_may_change_its_policy_and_keeps_every_column_it_had(tmp_path):
+    clock = two_batches(tmp_path, "add")  # color and size added
+    for i, mode in enumerate(["none", "rescue", "none", "add"], start=3):
+        clock.ms = i * 1_000_000
+        jsonl(tmp_path / "in" / f"{i}.jsonl", [{"id": 10 * i, "name": mode, "color": f"c{i}", "shape": "round"}])
+        pipeline(tmp_path, mode, clock).step()
+    state = replay(table_path(tmp_path))
+    assert state.column_names[:2] == ["id", "name"]
+    rows = {r["id"]: (r["color"], r["_rescued"], r.get("shape")) for r in state.rows()}
+    assert rows[3] == ("red", None, None) and rows[1] == (None, None, None)
+    assert rows[30] == (None, None, None)  # none: ignored
+    assert rows[40][0] is None and json.loads(rows[40][1]) == {"color": "c4", "shape": "round"}  # rescue
+    assert rows[50] == (None, None, None)
+    assert rows[60] == ("c6", None, "round")  # add again: color fills, shape is new
