@@ -32,7 +32,7 @@ Example::
 
     [outputs.bids]             # optional, per output (see docs/schema.md)
     partition_by = ["_into_date"]
-    schema_evolution = "add"   # none (default), fail, add or rescue
+    schema_evolution = "none"  # fail, add or rescue for sources that decode fields
 """
 
 from __future__ import annotations
