@@ -24,7 +24,6 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from reclock.errors import ConfigError
 from reclock.persist.store import LakePath, Store
@@ -41,7 +40,6 @@ __all__ = [
     "layout_schema",
     "layouts_to_dict",
     "output_layouts",
-    "log_path",
     "parse_layouts",
     "partition_groups",
     "read_files",
@@ -192,21 +190,16 @@ def partition_groups(
     Folders and values are as Delta writes them: ``col=value`` segments, a value as its
     serialized text (``2026-11-23``, ``42``, ``true``) with characters outside ``[A-Za-z0-9-_.~]``
     escaped Hive-style (``%2F``), a null (or an empty string, which Delta reads as null) as
-    ``__HIVE_DEFAULT_PARTITION__`` and ``None``. A folder is a path on disk: the log names it as a
-    URI (:func:`log_path`). Groups come in the order the group-by finds them, which does not
-    matter: each becomes a file of its own.
+    ``__HIVE_DEFAULT_PARTITION__`` and ``None``. A folder is a path on disk; the log names it as
+    a URI, escaped once more by delta-rs when it writes the add action (``%2F`` is ``%252F``
+    there). Each group becomes a file of its own, so their order does not matter.
     """
-    keys = table.select(list(partition_by))
-    combos = keys.group_by(list(partition_by), use_threads=False).aggregate([]).to_pylist()
+    order = pa.array(np.arange(table.num_rows, dtype=np.int64))
+    keyed = table.select(list(partition_by)).append_column("__row", order)
+    combos = keyed.group_by(list(partition_by), use_threads=False).aggregate([("__row", "list")])
     groups = []
-    for combo in combos:
-        mask = None
-        for name in partition_by:
-            value = combo[name]
-            test = pc.is_null(table.column(name)) if value is None else pc.equal(table.column(name), value)
-            test = pc.fill_null(test, False)
-            mask = test if mask is None else pc.and_(mask, test)
-        rows = table.filter(mask).drop_columns(list(partition_by))
+    for combo in combos.to_pylist():
+        rows = table.take(pa.array(combo["__row_list"], pa.int64())).drop_columns(list(partition_by))
         values = {name: serialize_partition_value(combo[name]) for name in partition_by}
         folder = posixpath.join(*(f"{name}={_escape(values[name])}" for name in partition_by))
         groups.append((folder, values, rows))
@@ -240,11 +233,6 @@ def read_groups(
                 columns.append(rows.column(f.name))
         parts.append(pa.Table.from_arrays(columns, schema=schema))
     return pa.concat_tables(parts) if parts else schema.empty_table()
-
-
-def log_path(relative: str) -> str:
-    """A file's path as the Delta log writes it: a relative URI, so a ``%`` on disk is ``%25``."""
-    return urllib.parse.quote(relative, safe="/=-_.~")
 
 
 def serialize_partition_value(value: Any) -> str | None:

@@ -18,6 +18,7 @@ let a late replay through.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Mapping
@@ -33,7 +34,7 @@ from deltalake.transaction import AddAction
 
 from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields
-from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, log_path, partition_groups
+from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
 from reclock.persist.storage import lake_io
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 from reclock.time import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
@@ -101,7 +102,7 @@ def write_data_files(
     for folder, values, rows in partition_groups(table, partition_by):
         store.makedirs(_root(root) / folder)
         written = write_data_file(root, output, rows, store, folder=folder, new_fields=new_fields)
-        files.append(DataFile(**{**written.__dict__, "partition_values": values}))
+        files.append(dataclasses.replace(written, partition_values=values))
     return files
 
 
@@ -298,7 +299,7 @@ class OutputSink:
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
         else:
             actions = [
-                AddAction(log_path(f.path), f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files
+                AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files
             ]
             table.create_write_transaction(
                 actions,
