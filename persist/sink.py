@@ -298,9 +298,7 @@ class OutputSink:
                 # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
         else:
-            actions = [
-                AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files
-            ]
+            actions = [AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files]
             table.create_write_transaction(
                 actions,
                 mode="append",
