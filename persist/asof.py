@@ -105,7 +105,9 @@ def read_as_of_spark(spark: SparkSession, lake: LakeLike, pipeline: str, as_of: 
         if not all(os.path.exists(uri) for uri in uris):
             raise _vacuumed(pipeline, output, as_of)
         spark_schema = from_arrow_schema(schema)
-        frame = spark.read.schema(spark_schema).parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
+        # basePath: a partitioned table's partition columns come from its files' col=value folders.
+        reader = spark.read.schema(spark_schema).option("basePath", str(lake.output_path(pipeline, output)))
+        frame = reader.parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
         out[output] = frame.where(F.col(INTO_TS) <= as_of)
     return out
 

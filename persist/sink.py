@@ -18,21 +18,26 @@ let a late replay through.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
+from deltalake.schema import Field
 from deltalake.transaction import AddAction
 
-from reclock.errors import FencedError
+from reclock.errors import ConfigError, FencedError
+from reclock.persist.evolution import commit_new_fields
+from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
 from reclock.persist.storage import lake_io
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
-from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, label_upper, wall_clock_ms
+from reclock.time import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
 
 __all__ = [
     "append_unlabelled",
@@ -44,6 +49,7 @@ __all__ = [
     "discard_data_file",
     "table_schema",
     "write_data_file",
+    "write_data_files",
 ]
 
 
@@ -58,12 +64,10 @@ ENVELOPE = "reclock.envelope"
 _STAT_STRING_LIMIT = 64
 
 
-def table_schema(own: pa.Schema, *, lineage: bool = True) -> pa.Schema:
-    """An output table's schema: its own columns, ``_into_ts``, then lineage when appended."""
-    fields = [*own, pa.field(INTO_TS, pa.int64(), nullable=False)]
-    if lineage:
-        fields += [pa.field(PARTITION, pa.string(), nullable=False), pa.field(OFFSET, pa.int64(), nullable=False)]
-    return pa.schema(fields)
+def table_schema(own: pa.Schema, *, lineage: bool = True, layout: OutputLayout | None = None) -> pa.Schema:
+    """An output table's schema: its own columns, ``_into_ts``, then lineage when appended; a
+    ``layout`` may add ``_rescued`` and ``_into_date`` (see :func:`~reclock.persist.layout.layout_schema`)."""
+    return layout_schema(own, layout or OutputLayout(), lineage=lineage)
 
 
 @dataclass(frozen=True)
@@ -75,15 +79,49 @@ class DataFile:
     size: int
     num_records: int
     stats: str
+    #: Delta ``partitionValues`` of the file's rows (a partitioned output); ``path`` is then in its folder.
+    partition_values: Mapping[str, str | None] = field(default_factory=dict)
+    #: Columns the file has that its table does not have yet: fields a record brought (``add``).
+    new_fields: tuple[str, ...] = ()
 
 
-def write_data_file(root: str | LakePath, output: str, table: pa.Table, store: Store = LOCAL) -> DataFile:
-    """Write ``table`` as one parquet file under ``root`` (a folder or a store's URI); runs inside
-    a Spark task, which writes straight into the store.
+def write_data_files(
+    root: str | LakePath,
+    output: str,
+    table: pa.Table,
+    store: Store = LOCAL,
+    *,
+    partition_by: tuple[str, ...] = (),
+    new_fields: tuple[str, ...] = (),
+) -> list[DataFile]:
+    """Write ``table`` as parquet files: one, or one per partition value of ``partition_by``
+    (each in its ``col=value`` folder, without the partition columns). ``new_fields`` names the
+    columns of ``table`` its output table lacks, for the driver's commit."""
+    if not partition_by:
+        return [write_data_file(root, output, table, store, new_fields=new_fields)]
+    files = []
+    for folder, values, rows in partition_groups(table, partition_by):
+        store.makedirs(_root(root) / folder)
+        written = write_data_file(root, output, rows, store, folder=folder, new_fields=new_fields)
+        files.append(dataclasses.replace(written, partition_values=values))
+    return files
+
+
+def write_data_file(
+    root: str | LakePath,
+    output: str,
+    table: pa.Table,
+    store: Store = LOCAL,
+    *,
+    folder: str = "",
+    new_fields: tuple[str, ...] = (),
+) -> DataFile:
+    """Write ``table`` as one parquet file under ``root`` (a folder or a store's URI), in its
+    partition ``folder`` if any; runs inside a Spark task, which writes straight into the store.
 
     The file is invisible until a commit adds it; a failed attempt leaves an orphan for ``vacuum``.
     """
-    name = f"part-{uuid.uuid4().hex}.snappy.parquet"
+    name = f"{folder}/part-{uuid.uuid4().hex}.snappy.parquet" if folder else f"part-{uuid.uuid4().hex}.snappy.parquet"
     full = _root(root) / name
     stats = _stats_json(table)
     with lake_io(f"writing a data file of output {output}"):
@@ -92,7 +130,7 @@ def write_data_file(root: str | LakePath, output: str, table: pa.Table, store: S
         except Exception:
             store.delete(full)  # a half-written file on a full disk is nobody's: free its space now
             raise
-    return DataFile(output, name, size, table.num_rows, stats)
+    return DataFile(output, name, size, table.num_rows, stats, new_fields=new_fields)
 
 
 def discard_data_file(root: str | LakePath, file: DataFile, store: Store = LOCAL) -> None:
@@ -139,6 +177,7 @@ class OutputSink:
         key: tuple[str, ...] = (),
         staging: LakePath | None = None,
         store: Store = LOCAL,
+        layout: OutputLayout | None = None,
     ) -> None:
         self.path = _root(path)
         self.app_id = app_id
@@ -146,6 +185,8 @@ class OutputSink:
         self.key = key
         self.schema = schema
         self.store = store
+        self.layout = layout or OutputLayout()
+        self._declared = frozenset(schema.names)
         self.staging = (
             None if envelope == "append" else _root(staging or self.path.parent / f".staging-{self.path.name}")
         )
@@ -154,14 +195,38 @@ class OutputSink:
                 store.makedirs(self.staging)
             if not store.is_table(self.path):
                 try:
-                    store.create_table(self.path, schema)
+                    store.create_table(self.path, schema, partition_by=list(self.layout.partition_by) or None)
                 except Exception:
                     if not store.is_table(self.path):
                         raise
             self._table = store.open_table(self.path)
+            self._adopt_layout()
             if self._table.metadata().configuration.get(ENVELOPE) != envelope:
                 self._table.alter.set_table_properties({ENVELOPE: envelope}, raise_if_not_exists=False)
         self.refresh()
+
+    def _adopt_layout(self) -> None:
+        """Check the table's partitioning against the layout; adopt the columns fields added (and
+        ``_rescued`` of an output that was once ``rescue``); give ``_rescued`` to an output that
+        became ``rescue`` (a column before any row needs it: nothing to tie to a batch)."""
+        partitioned = tuple(self._table.metadata().partition_columns)
+        if partitioned != self.layout.partition_by:
+            raise ConfigError(
+                f"outputs.{self.path.name}.partition_by",
+                f"the table is partitioned by {list(partitioned)}, the definition says "
+                f"{list(self.layout.partition_by)}: a table's partitioning cannot change",
+            )
+        present = pa.schema(self._table.schema().to_arrow()).names
+        if RESCUED in self.schema.names and RESCUED not in present:  # an output switched to 'rescue'
+            self._table.alter.add_columns(Field(RESCUED, "string", nullable=True))
+        added = [f for f in pa.schema(self._table.schema().to_arrow()) if f.name not in self.schema.names]
+        if added:
+            self.schema = pa.schema([*self.schema, *(pa.field(f.name, pa.string()) for f in added)])
+
+    @property
+    def added(self) -> tuple[str, ...]:
+        """Columns fields brought (``add``): in the table, not among the output's declared ones."""
+        return tuple(name for name in self.schema.names if name not in self._declared)
 
     @property
     def upper(self) -> IntoTime:
@@ -238,15 +303,24 @@ class OutputSink:
         A storage fault here leaves the files in place: the commit may even have landed before a
         post-commit step (a checkpoint) failed, and the retry's label check tells which.
         """
-        if self.staging is not None and files:
+        if any(f.new_fields for f in files):
+            self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
+            self._discard(files)
+        elif self.staging is not None and files:
             self._merge(table, files, properties)
             table.update_incremental()
             if _label_upper(table, self.app_id) <= binding_ts:
                 # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
         else:
-            actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
-            table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=properties)
+            actions = [AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files]
+            table.create_write_transaction(
+                actions,
+                mode="append",
+                schema=table.schema(),
+                partition_by=list(self.layout.partition_by) or None,
+                commit_properties=properties,
+            )
 
     def _merge(self, table: DeltaTable, files: list[DataFile], properties: CommitProperties) -> None:
         """One MERGE of the latest staged record per key, on the snapshot the label was read from."""

@@ -29,6 +29,10 @@ Example::
     kind = "generator"
     rate = 20000
     limit = 200000
+
+    [outputs.bids]             # optional, per output (see docs/schema.md)
+    partition_by = ["_into_date"]
+    schema_evolution = "none"  # fail, add or rescue for sources that decode fields
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from reclock.errors import ConfigError
+from reclock.persist.layout import OutputLayout, layouts_to_dict, parse_layouts
 from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
@@ -75,6 +80,8 @@ class PipelineConfig:
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
     #: Tumbling windows over the outputs, each into its own table (``[[windows]]``, docs/windows.md).
     windows: tuple[Window, ...] = ()
+    #: Per output: its partition columns and schema evolution policy (``[outputs.<name>]``).
+    layouts: Mapping[str, OutputLayout] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say, less
@@ -98,6 +105,7 @@ class PipelineConfig:
             },
             "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
             "source": dict(self.source),
+            **({"outputs": layouts_to_dict(self.layouts)} if self.layouts else {}),
         } | ({"windows": [w.to_dict() for w in self.windows]} if self.windows else {})
 
 
@@ -126,7 +134,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
 
-    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options", "windows"}, "", fail)
+    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options", "windows", "outputs"}, "", fail)
     pipeline = _section(raw, "pipeline", fail, required=True)
     storage_options = dict(_section(raw, "storage_options", fail))
     try:
@@ -194,12 +202,20 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         background,
         storage_options,
         parse_windows(raw.get("windows"), file),
+        _layouts(raw.get("outputs", {}), fail),
     )
     from reclock.persist.lake import NAME_PATTERN
 
     if not NAME_PATTERN.match(name):
         raise fail("pipeline.name", f"{name!r} must be an identifier of at most 64 characters")
     return config
+
+
+def _layouts(section: Any, fail: Callable[[str, str], ConfigError]) -> dict[str, OutputLayout]:
+    try:
+        return parse_layouts(section)
+    except ConfigError as exc:
+        raise fail(exc.field, exc.reason) from None
 
 
 def _maintenance(section: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> Maintenance:

@@ -33,7 +33,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError, ErrorKind, classify, describe
-from reclock.persist.sink import DELETED, DataFile, discard_data_file, write_data_file
+from reclock.persist.evolution import evolve
+from reclock.persist.layout import INTO_DATE, OutputLayout, into_dates
+from reclock.persist.sink import DELETED, DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
 from reclock.sources.base import ERRORS, Source, Split, error_batch
 from reclock.stamp import UNBOUND, Stamper
@@ -70,6 +72,10 @@ class BatchPlan:
     envelopes: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     #: The lake's store: tasks write their files straight into it (a folder or an object store).
     store: Store = LOCAL
+    #: Per output with a layout: its partition columns and schema evolution policy.
+    layouts: Mapping[str, OutputLayout] = field(default_factory=dict)
+    #: Per output: the columns fields added to its table (``add``), filled from unknown fields.
+    added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -285,6 +291,9 @@ def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
     )
 
 
+_PLAIN = OutputLayout()
+
+
 class _Task:
     """What one task lands: stamped, filtered, shaped rows pending per output, flushed to a
     parquet file every ``file_rows`` rows."""
@@ -309,7 +318,13 @@ class _Task:
         if not keep.any():
             return None
         envelope, key = plan.envelopes.get(output, ("append", ()))
+        new: dict[str, pa.Array] = {}
+        layout = plan.layouts.get(output, _PLAIN)
+        if layout.schema_evolution != "none" or output in plan.added:  # added columns: null if no field
+            batch, new = evolve(batch, schema, layout, plan.added.get(output, ()))
         shaped = output_rows(_unwrap(batch, envelope, key), into, schema)
+        for name, column in new.items():
+            shaped = shaped.append_column(pa.field(name, pa.string()), column)
         if not keep.all():
             shaped = shaped.filter(pa.array(keep))
         if key:
@@ -324,15 +339,24 @@ class _Task:
         self.pending.setdefault(output, []).append(table)
         self.counts[output] = self.counts.get(output, 0) + table.num_rows
         if self.counts[output] >= self.plan.file_rows:
-            self.files.append(self._flush(output))
+            self.files.extend(self._flush(output))
 
-    def _flush(self, output: str) -> DataFile:
-        table = pa.concat_tables(self.pending.pop(output))
+    def _flush(self, output: str) -> list[DataFile]:
+        """One file of the pending rows (one per partition value of a partitioned output)."""
+        table = pa.concat_tables(self.pending.pop(output), promote_options="default")
         self.counts.pop(output)
-        return write_data_file(self.plan.roots[output], output, table, self.plan.store)
+        known = self.plan.schemas[output].names
+        new_fields = tuple(name for name in table.column_names if name not in known)
+        layout = self.plan.layouts.get(output)
+        staged = output in self.plan.envelopes  # a MERGE's staged rows: delta-rs partitions them
+        partition_by = layout.partition_by if layout is not None and not staged else ()
+        return write_data_files(
+            self.plan.roots[output], output, table, self.plan.store, partition_by=partition_by, new_fields=new_fields
+        )
 
     def finish(self) -> list[DataFile]:
-        self.files.extend(self._flush(output) for output in list(self.pending))
+        for output in list(self.pending):
+            self.files.extend(self._flush(output))
         return self.files
 
     def discard(self) -> None:
@@ -461,6 +485,9 @@ def output_rows(batch: pa.RecordBatch, into: np.ndarray | pa.Array, schema: pa.S
     for target in schema:
         if target.name == INTO_TS:
             columns.append(pa.array(into, pa.int64()))
+            continue
+        if target.name == INTO_DATE:
+            columns.append(into_dates(into))
             continue
         index = batch.schema.get_field_index(target.name)
         if index < 0:

@@ -32,6 +32,7 @@ from reclock.maintenance import maintain as run_maintenance
 from reclock.metrics import Metrics
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
+from reclock.persist.layout import check_layouts
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
@@ -68,6 +69,7 @@ def create(
         check_windows(config.windows, [*source.outputs(), Output(ERRORS, ERRORS_SCHEMA)])
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
+    check_layouts(source, config.layouts, file=file)
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
     definition = config.to_dict()
@@ -212,6 +214,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         settings=config.settings,
         maintenance=config.maintenance,
         windows=config.windows,
+        layouts=config.layouts,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -46,7 +46,9 @@ from reclock.errors import (
 from reclock.health import Health
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
+from reclock.persist.evolution import SchemaEvolutionError, refuse_new_fields
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
+from reclock.persist.layout import OutputLayout, output_layouts
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
@@ -77,6 +79,7 @@ class Pipeline:
         now: Callable[[], int] = wall_clock_ms,
         on_step: Callable[[str], None] | None = None,
         windows: Sequence[Window] = (),
+        layouts: Mapping[str, OutputLayout] | None = None,
     ) -> None:
         if not NAME_PATTERN.match(name):
             raise ConfigError("name", f"pipeline name {name!r} must be an identifier of at most 64 characters")
@@ -93,16 +96,18 @@ class Pipeline:
         self._on_step = on_step or (lambda step: None)
         self._on_start: Callable[[BatchReport], None] = lambda report: None
         self.outputs = _outputs_of(source)
+        self.layouts = output_layouts(source, self.outputs, layouts or {})
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
         self.sinks = {
             output.name: OutputSink(
                 self.lake.output_path(name, output.name),
                 sink_id(name, output.name),
-                table_schema(output.schema),
+                table_schema(output.schema, layout=self.layouts.get(output.name)),
                 envelope=output.envelope,
                 key=output.key,
                 store=self.lake.store,
+                layout=self.layouts.get(output.name),
             )
             for output in self.outputs.values()
         }
@@ -347,6 +352,8 @@ class Pipeline:
             file_rows=self.settings.file_rows,
             envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
             store=self.lake.store,
+            layouts=self.layouts,
+            added={name: sink.added for name, sink in self.sinks.items() if sink.added},
         )
         started = wall_clock_ms()
         report = BatchReport(hi, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started)
@@ -373,6 +380,16 @@ class Pipeline:
         by_output: dict[str, list[DataFile]] = {name: [] for name in self.sinks}
         for f in files:
             by_output[f.output].append(f)
+        try:
+            refuse_new_fields(
+                self.name, hi, {n: (self.layouts[n], fs) for n, fs in by_output.items() if n in self.layouts}
+            )
+        except SchemaEvolutionError as exc:
+            for f in files:
+                discard_data_file(plan.roots[f.output], f, plan.store)
+            report.state = BatchState.FAILED
+            report.error = str(exc)
+            raise
         for name, sink in self.sinks.items():
             if sink.upper <= hi:
                 sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])

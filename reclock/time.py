@@ -27,6 +27,7 @@ from typing import TypeAlias
 
 __all__ = [
     "INTO_TS",
+    "UNKNOWN_FIELDS",
     "MAX_OFFSET",
     "OFFSET",
     "PARTITION",
@@ -51,6 +52,9 @@ IntoTime: TypeAlias = int
 INTO_TS = "_into_ts"
 PARTITION = "_partition"
 OFFSET = "_offset"
+#: A staged column a source adds when asked to keep unknown fields: each record's fields its
+#: output does not declare, as one JSON object (null when none). Never a table column.
+UNKNOWN_FIELDS = "_unknown_fields"
 
 #: The offset a closed frontier reports for every partition: above any int64 source offset.
 MAX_OFFSET: Offset = 2**63 - 1

@@ -21,6 +21,7 @@ import pyarrow as pa
 from reclock.errors import ConfigError
 from reclock.sources.base import clip_message
 from reclock.sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, empty_batch
+from reclock.sources.decode.unknown import UNKNOWN_FIELD, unknown_column
 
 __all__ = ["avro_json", "avro_to_arrow_schema", "decode_avro", "reading_schema"]
 
@@ -51,11 +52,21 @@ def reading_schema(avro_schema: Any) -> Any:
 
 
 def decode_avro(
-    values: Sequence[bytes | None], parsed: Any, schema: pa.Schema, confluent: bool, errors: list[RecordFault]
+    values: Sequence[bytes | None],
+    parsed: Any,
+    schema: pa.Schema,
+    confluent: bool,
+    errors: list[RecordFault],
+    *,
+    writers: Mapping[int, Any] | None = None,
+    unknown_fields: bool = False,
 ) -> Decoded:
     """Decode ``values`` with the :func:`reading_schema` ``parsed`` into ``schema``.
 
-    Faults are appended to ``errors`` as they are found (a fail-fast list stops there).
+    A Confluent-framed value whose schema id is in ``writers`` is read with that writer schema
+    instead (a producer's newer schema): its fields ``schema`` lacks are dropped, or, with
+    ``unknown_fields``, kept as JSON in :data:`~reclock.time.UNKNOWN_FIELDS`; fields it lacks
+    are null. Faults are appended to ``errors`` as they are found (a fail-fast list stops there).
     """
     import fastavro
 
@@ -73,9 +84,12 @@ def decode_avro(
                 errors.append((i, DECODE, "invalid avro: missing Confluent framing (magic byte 0 + schema id)"))
                 continue
             payload = value[_CONFLUENT_HEADER:]
+        writer = parsed
+        if writers and confluent:
+            writer = writers.get(int.from_bytes(value[1:_CONFLUENT_HEADER], "big"), parsed)
         fo = io.BytesIO(payload)
         try:
-            datum = fastavro.schemaless_reader(fo, parsed, None)
+            datum = fastavro.schemaless_reader(fo, writer, None)
         except Exception as exc:  # fastavro raises many kinds on garbage
             errors.append((i, DECODE, clip_message(f"invalid avro: {type(exc).__name__}: {exc}")))
             continue
@@ -84,6 +98,12 @@ def decode_avro(
             continue
         rows.append({"value": datum} if wrap else datum)
         good.append(i)
+    decoded = _to_batch(rows, good, schema, errors)
+    return _with_unknown(decoded, rows, good, schema) if unknown_fields else decoded
+
+
+def _to_batch(rows: list[Any], good: list[int], schema: pa.Schema, errors: list[RecordFault]) -> Decoded:
+    """The datums read as a batch of ``schema``; a datum that does not fit it is a fault."""
     if not good:
         return Decoded(empty_batch(schema), NO_ROWS, list(errors))
     dicts = [row if row is not None else {} for row in rows]
@@ -105,6 +125,15 @@ def decode_avro(
         kept_idx.append(i)
     batch = pa.RecordBatch.from_pylist(kept, schema=schema) if kept else empty_batch(schema)
     return Decoded(batch, np.asarray(kept_idx, dtype=np.int64), sorted(errors))
+
+
+def _with_unknown(decoded: Decoded, rows: list[Any], good: list[int], schema: pa.Schema) -> Decoded:
+    """``decoded`` plus each good datum's fields ``schema`` lacks (a datum Arrow rejected is not
+    among ``decoded.good``)."""
+    by_index = dict(zip(good, rows, strict=True))
+    objects = (by_index[int(i)] for i in decoded.good)
+    column = unknown_column(objects, schema.names)
+    return Decoded(decoded.batch.append_column(UNKNOWN_FIELD, column), decoded.good, decoded.errors)
 
 
 def avro_json(avro_schema: Any) -> Any:

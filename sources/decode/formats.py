@@ -37,6 +37,7 @@ from reclock.sources.decode.avro import decode_avro, reading_schema
 from reclock.sources.decode.isolate import Rejected, bisect, isolate, rejecting
 from reclock.sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, all_good, empty_batch
 from reclock.sources.decode.screening import csv_screen, json_screen
+from reclock.sources.decode.unknown import with_unknown_json
 from reclock.sources.decode.values import Values
 
 __all__ = ["FORMATS", "Decoder", "Format"]
@@ -57,11 +58,20 @@ class Decoder:
     quote_char: str = '"'
     avro_schema: Any = None
     confluent: bool = False
+    #: Later writer schemas of Confluent-framed Avro values, by schema id: a datum is read with
+    #: its own writer's schema, so fields a newer writer added are seen (and kept, see below).
+    avro_writer_schemas: tuple[tuple[int, Any], ...] = ()
+    #: Add :data:`~reclock.time.UNKNOWN_FIELDS`: each value's fields the schema lacks, as JSON
+    #: (schema evolution; JSON objects' other keys, Avro writer fields the reader schema lacks).
+    unknown_fields: bool = False
     _avro_parsed: Any = field(default=None, init=False, repr=False, compare=False)
+    _avro_writers: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.format == "avro":
             object.__setattr__(self, "_avro_parsed", reading_schema(self.avro_schema))
+            writers = {int(i): reading_schema(w) for i, w in self.avro_writer_schemas}
+            object.__setattr__(self, "_avro_writers", writers)
 
     def decode(self, values: Sequence[bytes | None], *, fail_fast: bool = False) -> Decoded:
         """Decode ``values``; every index lands in ``good`` or in ``errors``, never both.
@@ -73,6 +83,8 @@ class Decoder:
         never depends on the other values, so this costs a few parses of shorter prefixes.
         """
         decoded = self._decode(values, _FailFast() if fail_fast else [])
+        if self.unknown_fields and self.format == "json" and not (fail_fast and decoded.errors):
+            decoded = with_unknown_json(decoded, values, self.schema.names)
         if not (fail_fast and decoded.errors):
             return decoded
         first = decoded.errors[0]
@@ -232,7 +244,15 @@ class Decoder:
     # -- avro -----------------------------------------------------------------------------------
 
     def _decode_avro(self, values: Sequence[bytes | None], errors: list[RecordFault]) -> Decoded:
-        return decode_avro(values, self._avro_parsed, self.schema, self.confluent, errors)
+        return decode_avro(
+            values,
+            self._avro_parsed,
+            self.schema,
+            self.confluent,
+            errors,
+            writers=self._avro_writers,
+            unknown_fields=self.unknown_fields,
+        )
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -29,13 +29,15 @@ def make_decoder(
     quote_char: str = '"',
     avro_schema: str | Mapping[str, Any] | None = None,
     confluent: bool = False,
+    avro_writer_schemas: Mapping[Any, Any] | None = None,
     field: str = "format",
 ) -> Decoder:
     """Validate a format's options and build its :class:`Decoder`.
 
     ``schema`` is the output's payload schema: required for ``json`` and ``csv``, fixed for
     ``text`` (``value: string``) and ``bytes`` (``value: binary``), derived from ``avro_schema``
-    for ``avro`` when not given. ``field`` prefixes :class:`ConfigError` field names.
+    for ``avro`` when not given; ``avro_writer_schemas`` maps Confluent schema ids to producers'
+    later writer schemas. ``field`` prefixes :class:`ConfigError` field names.
     """
     if format not in FORMATS:
         raise ConfigError(field, f"unknown format {format!r}; expected one of {', '.join(FORMATS)}")
@@ -68,7 +70,36 @@ def make_decoder(
     except Exception as exc:  # fastavro's SchemaParseException and friends
         raise ConfigError(f"{field}.avro_schema", f"invalid Avro schema: {exc}") from exc
     derived = avro_to_arrow_schema(parsed, field=f"{field}.avro_schema")
-    return Decoder("avro", schema if schema is not None else derived, avro_schema=parsed, confluent=bool(confluent))
+    writers = _writer_schemas(avro_writer_schemas, bool(confluent), f"{field}.avro_writer_schemas")
+    return Decoder(
+        "avro",
+        schema if schema is not None else derived,
+        avro_schema=parsed,
+        confluent=bool(confluent),
+        avro_writer_schemas=writers,
+    )
+
+
+def _writer_schemas(writers: Mapping[Any, Any] | None, confluent: bool, field: str) -> tuple[tuple[int, Any], ...]:
+    """``{schema id: writer schema}`` checked: ids are integers, schemas parse, framing is on."""
+    if not writers:
+        return ()
+    if not isinstance(writers, Mapping):
+        raise ConfigError(field, "must map Confluent schema ids to Avro schemas")
+    if not confluent:
+        raise ConfigError(field, "needs confluent = true: a value names its writer schema by the framing's id")
+    import fastavro
+
+    out = []
+    for key, schema in writers.items():
+        try:
+            schema_id = int(key)
+            parsed = avro_json(schema)
+            fastavro.parse_schema(parsed)
+        except Exception as exc:  # a bad id or fastavro's SchemaParseException and friends
+            raise ConfigError(f"{field}.{key}", f"invalid writer schema: {exc}") from exc
+        out.append((schema_id, parsed))
+    return tuple(sorted(out, key=lambda pair: pair[0]))
 
 
 def as_schema(schema: Any, *, field: str = "schema") -> pa.Schema | None:

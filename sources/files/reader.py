@@ -13,6 +13,8 @@ skips the file or stops the batch.
 
 from __future__ import annotations
 
+import csv
+import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -22,11 +24,11 @@ import pyarrow as pa
 
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Split, clip_message, error_batch
 from reclock.sources.decode.isolate import PIECE
-from reclock.sources.files.blocks import cut_blocks, record_pattern
+from reclock.sources.files.blocks import Records, cut_blocks, record_pattern
 from reclock.sources.files.config import FileFormat
 from reclock.sources.files.parquet import read_rows, row_json
 from reclock.sources.files.parse import RecordParser
-from reclock.time import encode_partition
+from reclock.time import UNKNOWN_FIELDS, encode_partition
 
 __all__ = ["CONVERT", "PARSE", "FileReader", "FileSplit"]
 
@@ -69,6 +71,9 @@ class FileReader:
     csv_delimiter: str
     csv_quote: str
     fail: bool
+    #: Hand each record's undeclared fields on as :data:`~reclock.time.UNKNOWN_FIELDS` (JSON lines'
+    #: other keys, the columns a CSV header names after the declared ones): schema evolution.
+    unknown_fields: bool = False
     _parser: RecordParser = field(init=False, repr=False, compare=False)
     _record_re: re.Pattern[bytes] = field(init=False, repr=False, compare=False)
     _batch_schema: pa.Schema = field(init=False, repr=False, compare=False)
@@ -77,7 +82,8 @@ class FileReader:
         parser = RecordParser(self.schema, self.csv_delimiter, self.csv_quote, self.fail)
         object.__setattr__(self, "_parser", parser)
         object.__setattr__(self, "_record_re", record_pattern(self.csv_delimiter, self.csv_quote))
-        object.__setattr__(self, "_batch_schema", pa.schema([*LINEAGE_FIELDS, *self.schema]))
+        unknown = [pa.field(UNKNOWN_FIELDS, pa.string())] if self.unknown_fields else []
+        object.__setattr__(self, "_batch_schema", pa.schema([*LINEAGE_FIELDS, *self.schema, *unknown]))
 
     def read(self, split: FileSplit) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The records of one whole file as ``(output, batch)``, and bad ones as ``(ERRORS, batch)``."""
@@ -100,17 +106,20 @@ class FileReader:
             read_bytes=_READ_BYTES,
             max_record_bytes=_MAX_RECORD_BYTES,
         )
+        parser, extras = self._parser, ()
         for records in blocks:
             count = len(records.starts)
             first = 0
             if header and count:
                 header, first = False, 1  # the first record of the file is the header
+                if self.unknown_fields:
+                    parser, extras = self._header_parser(records.block[records.starts[0] : records.ends[0]])
             for lo in range(first, count, _BATCH_ROWS):
                 hi = min(count, lo + _BATCH_ROWS)
-                good, columns, faults = self._parser.parse(
-                    records, lo, hi, is_csv=is_csv, piece=_PIECE, where=split.path
-                )
+                good, columns, faults = parser.parse(records, lo, hi, is_csv=is_csv, piece=_PIECE, where=split.path)
                 if len(good):
+                    if self.unknown_fields:
+                        columns = [*columns[: len(self.schema)], self._unknown(records, good, columns, extras, is_csv)]
                     yield self.output, self._batch(encoded, records.base + records.starts[good], columns)
                 if faults:
                     yield (
@@ -126,6 +135,41 @@ class FileReader:
                             [records.block[records.starts[k] : records.ends[k]][:_MAX_RAW] for k, _ in faults],
                         ),
                     )
+
+    def _header_parser(self, line: bytes) -> tuple[RecordParser, tuple[str, ...]]:
+        """The parser of a CSV file whose header names columns after the declared ones, and those
+        names. A header that does not start with the declared names is read by position, as always."""
+        names = next(
+            csv.reader([line.decode("utf-8", "replace")], delimiter=self.csv_delimiter, quotechar=self.csv_quote)
+        )
+        declared = self.schema.names
+        if len(names) <= len(declared) or names[: len(declared)] != declared:
+            return self._parser, ()
+        extras = tuple(names[len(declared) :])
+        schema = pa.schema([*self.schema, *(pa.field(f"{UNKNOWN_FIELDS}{i}", pa.string()) for i in range(len(extras)))])
+        return RecordParser(schema, self.csv_delimiter, self.csv_quote, self.fail), extras
+
+    def _unknown(
+        self, records: Records, good: np.ndarray, columns: Sequence[pa.Array], extras: tuple[str, ...], is_csv: bool
+    ) -> pa.Array:
+        """Each good record's undeclared fields as one JSON object, or null when it has none.
+
+        JSON lines: the keys of the record's object that are not declared columns (one
+        ``json.loads`` a record). CSV: the non-empty values of the header's extra columns.
+        """
+        if is_csv:
+            if not extras:
+                return pa.nulls(len(good), pa.string())
+            values = [c.to_pylist() for c in columns[len(self.schema) :]]
+            rows = ({n: v for n, v in zip(extras, row, strict=True) if v} for row in zip(*values, strict=True))
+        else:
+            declared = set(self.schema.names)
+            block, starts, ends = records.block, records.starts, records.ends
+            objects = (json.loads(block[starts[k] : ends[k]]) for k in good)
+            rows = ({n: v for n, v in obj.items() if n not in declared} for obj in objects)
+        return pa.array(
+            [json.dumps(row, separators=(",", ":"), ensure_ascii=False) if row else None for row in rows], pa.string()
+        )
 
     def _read_parquet(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Parquet: rows cast to the declared columns; a row with a value that does not fit is bad."""

@@ -8,6 +8,7 @@ The definitions it keeps are in :mod:`sources.files`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -159,6 +160,14 @@ class FilesSource(SourceBase):
         self.__dict__.update(state)
         self._now = _wall_clock_ms
         self._probe = Probe(self.root)
+
+    def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
+        """Hand each record's undeclared fields on (schema evolution): JSON lines' other keys, the
+        columns a CSV header names after the declared ones. Parquet files are read by their
+        declared (or first file's) columns only."""
+        if self.format == "parquet":
+            raise ConfigError(f"outputs.{self.output}.schema_evolution", "parquet files cannot report new fields")
+        self._reader = dataclasses.replace(self._reader, unknown_fields=True)
 
     # -- the driver side ---------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ _OUTPUT_KEYS = frozenset(
         "quote_char",
         "avro_schema",
         "confluent",
+        "avro_writer_schemas",
         "metadata",
         "key_format",
         "key",
@@ -277,6 +278,7 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
         quote_char=opts["quote_char"],
         avro_schema=opts["avro_schema"],
         confluent=opts["confluent"],
+        avro_writer_schemas=opts["avro_writer_schemas"],
         field=f"{where}.format",
     )
     key_format = opts["key_format"]

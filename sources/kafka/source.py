@@ -11,6 +11,7 @@ it can travel to Spark executors, where only :meth:`KafkaSource.read` runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -77,6 +78,7 @@ class KafkaSource(SourceBase):
         quote_char: str = '"',
         avro_schema: str | Mapping[str, Any] | None = None,
         confluent: bool = False,
+        avro_writer_schemas: Mapping[Any, Any] | None = None,
         metadata: Sequence[str] | Mapping[str, str] = (),
         key_format: str = "bytes",
         start: str | Mapping[Any, int] = "earliest",
@@ -107,6 +109,7 @@ class KafkaSource(SourceBase):
             "quote_char": quote_char,
             "avro_schema": avro_schema,
             "confluent": confluent,
+            "avro_writer_schemas": avro_writer_schemas,
             "metadata": metadata,
             "key_format": key_format,
         }
@@ -132,6 +135,21 @@ class KafkaSource(SourceBase):
     @property
     def read_timeout_s(self) -> float:
         return self._clients.read_timeout_s
+
+    def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
+        """Hand each record's undeclared fields on (schema evolution): a JSON object's other keys,
+        or the fields of an Avro writer schema (``avro_writer_schemas``) the output lacks."""
+        routes = []
+        for route in self._routing.routes:
+            if route.name in outputs:
+                if route.decoder.format not in ("json", "avro") or route.output.envelope == "debezium":
+                    raise ConfigError(
+                        f"outputs.{route.name}.schema_evolution",
+                        f"a {route.decoder.format} {route.output.envelope} output has no fields to evolve",
+                    )
+                route = dataclasses.replace(route, decoder=dataclasses.replace(route.decoder, unknown_fields=True))
+            routes.append(route)
+        self._routing = dataclasses.replace(self._routing, routes=tuple(routes))
 
     # -- the Source protocol --------------------------------------------------------------------
 
