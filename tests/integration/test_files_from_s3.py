@@ -1,0 +1,245 @@
+"""Files from an object store: a files source over an ``s3://`` prefix of a real S3-compatible server
+(moto's, its own process), with gzip-compressed files and a large file cut into pieces.
+
+What lands is checked from outside: the lake's tables are read from the server with polars (its
+own Delta reader, not the project's), against rows the test wrote itself.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from reclock.sources.files import FilesSource
+from reclock.time import Frontier
+from tests.integration.helpers import reclock_cli, write_config
+from tests.integration.s3 import REGION, S3Server
+
+pytestmark = [pytest.mark.integration]
+
+COLUMNS = {"id": "int64", "name": "string"}
+
+
+def _delta_options(server: S3Server) -> dict[str, str]:
+    """The server as polars and delta-rs name the options: what an outside reader is given."""
+    return {
+        "aws_endpoint_url": server.endpoint,
+        "aws_region": REGION,
+        "aws_access_key_id": server.access_key_id,
+        "aws_secret_access_key": server.secret_access_key,
+        "aws_allow_http": "true",
+    }
+
+
+def _rows_on_server(server: S3Server, uri: str) -> pl.DataFrame:
+    """An output table as polars reads it from the server (empty before its first commit)."""
+    try:
+        return pl.read_delta(uri, storage_options=_delta_options(server))
+    except Exception as exc:  # no table yet
+        if "not a Delta table" in str(exc) or "No files in log segment" in str(exc) or "TableNotFound" in str(exc):
+            return pl.DataFrame()
+        raise
+
+
+def _put(server: S3Server, bucket: str, objects: dict[str, bytes]) -> None:
+    client = server.client()
+    for key, body in objects.items():
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+
+
+def _start(lake_uri: str, name: str, env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", lake_uri, "start", name],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def test_an_s3_prefix_is_listed_page_by_page_without_hidden_files_and_read_like_a_folder(s3_server):
+    """More keys than one listing page (1,000), hidden keys, other extensions, a glob, Parquet
+    footers and a gzip file, all through ranged reads of the server."""
+    bucket = s3_server.bucket()
+    objects = {f"in/day-{i % 3}/f{i:04}.csv": f"id,name\n{i},n{i}\n".encode() for i in range(1005)}
+    objects["in/day-0/big.jsonl.gz"] = gzip.compress(b"".join(b'{"id": %d}\n' % i for i in range(3000)))
+    hidden = {"in/.staging/x.csv": b"id\n1\n", "in/day-1/.part-0.csv": b"id\n2\n", "in/readme.txt": b"not data"}
+    sink = pa.BufferOutputStream()
+    pq.write_table(pa.table({"id": list(range(7)), "name": ["p"] * 7}), sink)
+    objects["in/t.parquet"] = sink.getvalue().to_pybytes()
+    _put(s3_server, bucket, {**objects, **hidden})
+
+    source = FilesSource(path=f"s3://{bucket}/in", columns=COLUMNS, storage_options=s3_server.storage_options)
+    upper = source.upper()
+    assert {p for p, _ in upper.items()} == {(key.removeprefix("in/"), 0) for key in objects}
+    assert upper.offset(("t.parquet", 0)) == 7 and upper.offset(("day-1/f0001.csv", 0)) == len(
+        objects["in/day-1/f0001.csv"]
+    )
+    lower = Frontier()
+    splits = source.splits(lower, source.cap(lower, upper, max_records=1))
+    rows = {}
+    for split in splits:
+        for output, batch in source.read(split):
+            assert output == "rows"
+            rows.setdefault(split.partition[0], []).extend(batch.column("id").to_pylist())
+    assert len(rows) == 100, "the cap takes max_files_per_batch files"
+    assert all(ids == [int(path[-8:-4])] for path, ids in rows.items() if path.endswith(".csv")), rows
+
+    [whole] = source.splits(lower, Frontier({("day-0/big.jsonl.gz", 0): upper.offset(("day-0/big.jsonl.gz", 0))}))
+    assert [i for _, b in source.read(whole) for i in b.column("id").to_pylist()] == list(range(3000))
+    [parquet] = source.splits(lower, Frontier({("t.parquet", 0): 7}))
+    assert [i for _, b in source.read(parquet) for i in b.column("id").to_pylist()] == list(range(7))
+
+    globbed = FilesSource(
+        path=f"s3://{bucket}/in/day-[12]/*.csv", columns=COLUMNS, storage_options=s3_server.storage_options
+    )
+    assert {p for p, _ in globbed.upper().items()} == {
+        (key.removeprefix("in/"), 0) for key in objects if key.startswith(("in/day-1/", "in/day-2/"))
+    }
+
+
+def test_a_missing_bucket_or_an_unknown_storage_option_fails_at_definition_naming_the_field(s3_server):
+    from reclock.errors import ConfigError
+
+    with pytest.raises(ConfigError) as caught:
+        FilesSource(path="s3://no-such-bucket/in", columns=COLUMNS, storage_options=s3_server.storage_options)
+    assert caught.value.field == "path" and "does not exist" in caught.value.reason
+    with pytest.raises(ConfigError) as caught:
+        FilesSource(path="s3://b/in", columns=COLUMNS, storage_options={"secret": s3_server.secret_access_key})
+    assert caught.value.field == "storage_options.secret"
+    assert s3_server.secret_access_key not in str(caught.value)
+
+
+def test_an_s3_files_pipeline_keeps_loaded_and_skipped_states_and_drop_file_reads_a_file_again(s3_server, tmp_path):
+    """SingleStore's S3 pipeline states: a corrupt .gz is Skipped with its reason, the others
+    Loaded; ``drop-file`` makes the next job read one again, as a new generation."""
+    bucket = s3_server.bucket()
+    good = b"id,name\n" + b"".join(b"%d,good\n" % i for i in range(50))
+    _put(
+        s3_server,
+        bucket,
+        {
+            "in/a.csv.gz": gzip.compress(good),
+            "in/b.csv.gz": gzip.compress(good)[:40],  # truncated
+            "in/c.jsonl": b"".join(b'{"id": %d, "name": "c"}\n' % i for i in range(30)),
+        },
+    )
+    lake_uri = f"s3://{bucket}/lake"
+    env = {**os.environ, **s3_server.environ}
+    config = write_config(
+        tmp_path / "p.toml",
+        pipeline={
+            "name": "ingest",
+            "lake": lake_uri,
+            "engine": "local",
+            "batch_interval": 0.05,
+            "max_retries": 1,
+            "retry_backoff": 0.01,
+            "stop_on_error": False,
+        },
+        source={"kind": "files", "path": f"s3://{bucket}/in", "columns": COLUMNS},
+    )
+    assert reclock_cli("create", str(config), env=env).returncode == 0
+    ran = reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "6", env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    listed = reclock_cli("--lake", lake_uri, "files", "ingest", "--json", env=env)
+    states = {r["path"]: r for r in json.loads(listed.stdout)}
+    assert {p: r["state"] for p, r in states.items()} == {
+        "a.csv.gz": "Loaded",
+        "b.csv.gz": "Skipped",
+        "c.jsonl": "Loaded",
+    }
+    assert "b.csv.gz: cannot be decompressed as gzip" in states["b.csv.gz"]["reason"]
+    dropped = reclock_cli("--lake", lake_uri, "drop-file", "ingest", "a.csv.gz", env=env)
+    assert dropped.returncode == 0, dropped.stderr
+    ran = reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "6", env=env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+
+    rows = _rows_on_server(s3_server, f"{lake_uri}/ingest/outputs/rows")
+    assert Counter(rows["_partition"].to_list()) == {'["a.csv.gz",0]': 50, '["a.csv.gz",1]': 50, '["c.jsonl",0]': 30}
+    errors = _rows_on_server(s3_server, f"{lake_uri}/ingest/outputs/_errors")
+    assert errors["_partition"].to_list() == ['["b.csv.gz",0]'] and errors["kind"].to_list() == ["skipped"]
+
+
+@pytest.mark.spark
+def test_files_from_s3_some_gzipped_one_cut_into_pieces_sigkilled_and_restarted_land_exactly_once(s3_server, tmp_path):
+    """Acceptance (issue 13, files): a files pipeline over an ``s3://`` prefix, some files gzip
+    compressed and one large JSON lines file read by several Spark tasks, into an ``s3://`` lake;
+    the job is SIGKILLed mid-run (driver and JVM) and restarted. Every row of every file is in the
+    output exactly once, read back with polars from the server."""
+    bucket = s3_server.bucket()
+    expected: Counter = Counter()
+    objects: dict[str, bytes] = {}
+    for f in range(36):
+        lines = [(f * 1000 + i, f"f{f}:{i}") for i in range(40 + f)]
+        text = ("id,name\n" + "".join(f"{i},{n}\n" for i, n in lines)).encode()
+        key = f"in/f{f:02}.csv" + (".gz" if f % 2 else "")
+        objects[key] = gzip.compress(text) if f % 2 else text
+        expected.update(n for _, n in lines)
+    _put(s3_server, bucket, objects)
+    time.sleep(1.1)  # newer than every other file (S3 times are in seconds): its batch runs after the kill
+    big = [(10**6 + i, f"big:{i}" + "x" * (i % 90)) for i in range(20_000)]
+    _put(s3_server, bucket, {"in/big.jsonl": "".join(json.dumps({"id": i, "name": n}) + "\n" for i, n in big).encode()})
+    expected.update(n for _, n in big)
+
+    lake_uri = f"s3://{bucket}/lake"
+    env = {**os.environ, **s3_server.environ, "PYSPARK_PYTHON": sys.executable}
+    config = write_config(
+        tmp_path / "p.toml",
+        pipeline={"name": "ingest", "lake": lake_uri, "engine": "spark", "batch_interval": 0.05},
+        spark={"small_batch_offsets": 0},  # every batch runs as Spark tasks reading from the store
+        source={
+            "kind": "files",
+            "path": f"s3://{bucket}/in",
+            "columns": COLUMNS,
+            "max_files_per_batch": 3,
+            "split_bytes": 256 << 10,  # big.jsonl (about 1.6 MB) is read by about seven tasks
+        },
+    )
+    assert reclock_cli("create", str(config), env=env).returncode == 0, "create failed"
+    output = f"{lake_uri}/ingest/outputs/rows"
+
+    job = _start(lake_uri, "ingest", env)
+    deadline = time.monotonic() + 300
+    try:
+        while _rows_on_server(s3_server, output).height == 0:
+            assert time.monotonic() < deadline and job.poll() is None, "the job never landed a batch"
+            time.sleep(0.5)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-run
+        job.wait(timeout=30)
+    landed = _rows_on_server(s3_server, output).height
+    assert 0 < landed < sum(expected.values()), "the kill was not mid-run"
+
+    job = _start(lake_uri, "ingest", env)
+    try:
+        while _rows_on_server(s3_server, output).height < sum(expected.values()):
+            assert time.monotonic() < deadline + 300 and job.poll() is None, "the restarted job did not finish"
+            time.sleep(1)
+    finally:
+        assert reclock_cli("--lake", lake_uri, "stop", "ingest", env=env).returncode == 0
+        job.wait(timeout=120)
+
+    rows = _rows_on_server(s3_server, output)
+    got = Counter(rows["name"].to_list())
+    assert not [n for n, k in got.items() if k > 1], "rows landed twice"
+    assert got == expected, f"missing {len(set(expected) - set(got))}, unexpected {len(set(got) - set(expected))}"
+    by_file = rows.group_by("_partition").agg(pl.col("_offset").max().alias("top"), pl.len().alias("n"))
+    tops = dict(zip(by_file["_partition"].to_list(), by_file["top"].to_list(), strict=True))
+    assert tops['["f01.csv.gz",0]'] == 0 and tops['["f02.csv",0]'] > 0, "a gzip file's rows are at offset 0"
+    assert _rows_on_server(s3_server, f"{lake_uri}/ingest/outputs/_errors").height == 0
+    pieces = reclock_cli("--lake", lake_uri, "batches", "ingest", "--json", "--limit", "0", env=env)
+    assert pieces.returncode == 0, pieces.stderr
+    big_rows = [r for r in json.loads(pieces.stdout) if r.get("partition") == '["big.jsonl",0]']
+    assert len({r["earliest_offset"] for r in big_rows if r.get("state") == "Succeeded"}) > 1, big_rows[:3]
