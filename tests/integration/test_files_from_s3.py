@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
@@ -23,7 +24,7 @@ import pytest
 
 from reclock.sources.files import FilesSource
 from reclock.time import Frontier
-from tests.integration.helpers import reclock_cli, write_config
+from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
 from tests.integration.s3 import REGION, S3Server
 
 pytestmark = [pytest.mark.integration]
@@ -243,3 +244,69 @@ def test_files_from_s3_some_gzipped_one_cut_into_pieces_sigkilled_and_restarted_
     assert pieces.returncode == 0, pieces.stderr
     big_rows = [r for r in json.loads(pieces.stdout) if r.get("partition") == '["big.jsonl",0]']
     assert len({r["earliest_offset"] for r in big_rows if r.get("state") == "Succeeded"}) > 1, big_rows[:3]
+
+
+def _guide_blocks(marker: str) -> list[str]:
+    """The python blocks of docs/object-storage.md that follow a line containing ``marker``
+    (padded so that their lines keep their markdown line numbers in a traceback)."""
+    lines = (Path(__file__).resolve().parents[2] / "docs" / "object-storage.md").read_text().splitlines()
+    blocks = []
+    for i, line in enumerate(lines):
+        if marker in line and lines[i + 1].strip() == "```python":
+            end = lines.index("```", i + 2)
+            blocks.append("\n" * (i + 2) + "\n".join(lines[i + 2 : end]))
+    return blocks
+
+
+def _orders_lake(server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """The guide's ``orders`` pipeline run to its end in a bucket of its own, the environment the
+    guide's recipes expect, and the namespace its first recipes leave (``lake``, ``T``, ...)."""
+    lake_uri = f"s3://{server.bucket()}/lakes/prod"
+    config = write_config(
+        tmp_path / "orders.toml",
+        pipeline={"name": "orders", "lake": lake_uri, "engine": "local"},
+        source={"kind": "generator", "partitions": 4, "limit": 20_000},
+    )
+    env = {**os.environ, **server.environ}
+    assert reclock_cli("create", str(config), env=env).returncode == 0
+    done = reclock_cli("--lake", lake_uri, "start", "orders", env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_access_key)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    monkeypatch.setenv("S3_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("RECLOCK_LAKE", lake_uri)
+    namespace: dict = {}
+    for recipe in _guide_blocks("test_the_object_storage_guide_recipes_run_against_the_server"):
+        exec(compile(recipe, "docs/object-storage.md", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.spark
+def test_the_as_of_recipes_for_polars_and_spark_run_against_the_server(s3_server, tmp_path, monkeypatch, spark):
+    namespace = _orders_lake(s3_server, tmp_path, monkeypatch)
+    namespace["spark"] = spark
+    recipes = _guide_blocks("test_the_as_of_recipes_for_polars_and_spark_run_against_the_server")
+    assert len(recipes) == 2
+    for recipe in recipes:
+        exec(compile(recipe, "docs/object-storage.md", "exec"), namespace)
+    bids = expected_generator_offsets(4, 20_000)["bids"]
+    cut = namespace["polars_cut"]
+    assert set(zip(cut["_partition"].to_list(), cut["_offset"].to_list(), strict=True)) == bids
+    assert cut.height == len(bids)
+    rows = namespace["spark_cut"].select("_partition", "_offset").collect()
+    assert len(rows) == len(bids) and {(r["_partition"], r["_offset"]) for r in rows} == bids
+
+
+def test_the_duckdb_as_of_recipe_runs_against_the_server(s3_server, tmp_path, monkeypatch):
+    pytest.importorskip("duckdb_extension_delta", reason="the duckdb-extension-delta package is not installed")
+    pytest.importorskip("duckdb_extension_httpfs", reason="the duckdb-extension-httpfs package is not installed")
+    namespace = _orders_lake(s3_server, tmp_path, monkeypatch)
+    [recipe] = _guide_blocks("test_the_duckdb_as_of_recipe_runs_against_the_server")
+    exec(compile(recipe, "docs/object-storage.md", "exec"), namespace)
+    bids = expected_generator_offsets(4, 20_000)["bids"]
+    cut = namespace["duckdb_cut"]
+    assert cut.num_rows == len(bids)
+    assert set(zip(cut.column("_partition").to_pylist(), cut.column("_offset").to_pylist(), strict=True)) == bids
