@@ -124,20 +124,34 @@ def test_a_missing_bucket_or_an_unknown_storage_option_fails_at_definition_namin
 
 def test_an_s3_files_pipeline_keeps_loaded_and_skipped_states_and_drop_file_reads_a_file_again(s3_server, tmp_path):
     """SingleStore's S3 pipeline states: a corrupt .gz is Skipped with its reason, the others
-    Loaded; ``drop-file`` makes the next job read one again, as a new generation."""
-    bucket = s3_server.bucket()
+    Loaded; ``drop-file`` makes the next job read one again, as a new generation. The files are
+    in a bucket of their own, reached with the source's own ``storage_options`` (no ``AWS_*``
+    environment at all), whose secret, given as ``${NAME}``, lands nowhere."""
+    files, lake_bucket = s3_server.bucket(), s3_server.bucket()
     good = b"id,name\n" + b"".join(b"%d,good\n" % i for i in range(50))
     _put(
         s3_server,
-        bucket,
+        files,
         {
             "in/a.csv.gz": gzip.compress(good),
             "in/b.csv.gz": gzip.compress(good)[:40],  # truncated
             "in/c.jsonl": b"".join(b'{"id": %d, "name": "c"}\n' % i for i in range(30)),
         },
     )
-    lake_uri = f"s3://{bucket}/lake"
-    env = {**os.environ, **s3_server.environ}
+    lake_uri = f"s3://{lake_bucket}/lake"
+    secret = s3_server.secret_access_key
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        "FSTORE_ENDPOINT": s3_server.endpoint,
+        "FSTORE_SECRET": secret,
+    }
+    options = {
+        "endpoint": "${FSTORE_ENDPOINT}",
+        "region": REGION,
+        "access_key_id": s3_server.access_key_id,
+        "secret_access_key": "${FSTORE_SECRET}",
+        "allow_http": "true",
+    }
     config = write_config(
         tmp_path / "p.toml",
         pipeline={
@@ -149,28 +163,40 @@ def test_an_s3_files_pipeline_keeps_loaded_and_skipped_states_and_drop_file_read
             "retry_backoff": 0.01,
             "stop_on_error": False,
         },
-        source={"kind": "files", "path": f"s3://{bucket}/in", "columns": COLUMNS},
+        storage_options=options,
+        source={"kind": "files", "path": f"s3://{files}/in", "columns": COLUMNS, "storage_options": options},
     )
-    assert reclock_cli("create", str(config), env=env).returncode == 0
-    ran = reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "6", env=env)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    listed = reclock_cli("--lake", lake_uri, "files", "ingest", "--json", env=env)
-    states = {r["path"]: r for r in json.loads(listed.stdout)}
+    lake = ["--lake", lake_uri, *(a for k, v in options.items() for a in ("--storage-option", f"{k}={v}"))]
+    said = [reclock_cli("create", str(config), env=env)]
+    assert said[-1].returncode == 0, said[-1].stderr
+    said.append(reclock_cli(*lake, "start", "ingest", "--max-seconds", "6", env=env))
+    assert said[-1].returncode == 0, said[-1].stderr[-3000:]
+    said.append(reclock_cli(*lake, "files", "ingest", "--json", env=env))
+    states = {r["path"]: r for r in json.loads(said[-1].stdout)}
     assert {p: r["state"] for p, r in states.items()} == {
         "a.csv.gz": "Loaded",
         "b.csv.gz": "Skipped",
         "c.jsonl": "Loaded",
     }
     assert "b.csv.gz: cannot be decompressed as gzip" in states["b.csv.gz"]["reason"]
-    dropped = reclock_cli("--lake", lake_uri, "drop-file", "ingest", "a.csv.gz", env=env)
-    assert dropped.returncode == 0, dropped.stderr
-    ran = reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "6", env=env)
-    assert ran.returncode == 0, ran.stderr[-3000:]
+    said.append(reclock_cli(*lake, "drop-file", "ingest", "a.csv.gz", env=env))
+    assert said[-1].returncode == 0, said[-1].stderr
+    said.append(reclock_cli(*lake, "start", "ingest", "--max-seconds", "6", env=env))
+    assert said[-1].returncode == 0, said[-1].stderr[-3000:]
+    said.append(reclock_cli(*lake, "status", "ingest", "--json", env=env))
 
     rows = _rows_on_server(s3_server, f"{lake_uri}/ingest/outputs/rows")
     assert Counter(rows["_partition"].to_list()) == {'["a.csv.gz",0]': 50, '["a.csv.gz",1]': 50, '["c.jsonl",0]': 30}
     errors = _rows_on_server(s3_server, f"{lake_uri}/ingest/outputs/_errors")
     assert errors["_partition"].to_list() == ['["b.csv.gz",0]'] and errors["kind"].to_list() == ["skipped"]
+    client = s3_server.client()
+    stored = [
+        client.get_object(Bucket=lake_bucket, Key=item["Key"])["Body"].read()
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=lake_bucket)
+        for item in page.get("Contents", [])
+    ]
+    assert stored and not [b for b in stored if secret.encode() in b], "the source's secret was stored in the lake"
+    assert not [p for p in said if secret in p.stdout + p.stderr], "the source's secret was printed"
 
 
 @pytest.mark.spark
