@@ -263,11 +263,13 @@ class FilesSource(SourceBase):
     # -- the task side -----------------------------------------------------------------------------
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """Read one whole file: its records as ``(output, batch)`` and bad ones as ``(ERRORS, batch)``.
+        """Read one file, or one piece of a large one: its records as ``(output, batch)`` and bad
+        ones as ``(ERRORS, batch)``.
 
         Batches hold at most 65,536 rows, in file order, each starting with ``_partition`` and
         ``_offset``. Replayable: the same split yields the same batches as long as the file's
-        first ``split.end`` bytes (Parquet: its rows) are unchanged. See :mod:`sources.files.reader`.
+        first ``split.size`` bytes (Parquet: its rows) are unchanged. A piece reads the records
+        that start in ``[split.start, split.end)``. See :mod:`sources.files.reader`.
         """
         if not isinstance(split, FileSplit):
             if split.start != 0 or split.end <= 0:
