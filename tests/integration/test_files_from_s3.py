@@ -102,6 +102,11 @@ def test_an_s3_prefix_is_listed_page_by_page_without_hidden_files_and_read_like_
     [parquet] = source.splits(lower, Frontier({("t.parquet", 0): 7}))
     assert [i for _, b in source.read(parquet) for i in b.column("id").to_pylist()] == list(range(7))
 
+    schemaless = FilesSource(
+        path=f"s3://{bucket}/in/*.parquet", format="parquet", storage_options=s3_server.storage_options
+    )
+    assert schemaless.outputs()[0].schema == pa.schema([("id", pa.int64()), ("name", pa.string())])
+
     globbed = FilesSource(
         path=f"s3://{bucket}/in/day-[12]/*.csv", columns=COLUMNS, storage_options=s3_server.storage_options
     )
