@@ -23,6 +23,7 @@ from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import ENVELOPE
+from reclock.persist.spark_files import read_parquet_files
 from reclock.persist.store import LOCAL, LakePath, Store
 from reclock.resumption import is_finished, resume_upper
 from reclock.time import INTO_TS, IntoTime, label_upper
@@ -86,28 +87,39 @@ def read_as_of(
     return out
 
 
-def read_as_of_spark(spark: SparkSession, lake: LakeLike, pipeline: str, as_of: IntoTime) -> dict[str, DataFrame]:
+def read_as_of_spark(
+    spark: SparkSession,
+    lake: LakeLike,
+    pipeline: str,
+    as_of: IntoTime,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, DataFrame]:
     """Like :func:`read_as_of`, as Spark DataFrames over the same files (no Delta jars needed).
 
-    A local lake only: Spark reads an object store through Hadoop's connectors, not this store.
+    A local lake's files are read by Spark's own parquet reader; an object-store lake's by Spark
+    tasks through the lake's store (:mod:`~reclock.persist.spark_files`: no Hadoop S3 connector
+    needed). ``storage_options`` reach a lake in an object store, as for :func:`read_as_of`.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    lake = Lake.at(lake)
-    if lake.store.remote:
-        raise ValueError(f"read_as_of_spark reads local lakes; read {lake.uri} with read_as_of")
+    lake = Lake.at(lake, storage_options)
     tables = _plan(lake, pipeline, as_of)
     out = {}
     for output, table in tables.items():
         schema = pa.schema(table.schema().to_arrow())
         uris = table.file_uris()
-        if not all(os.path.exists(uri) for uri in uris):
+        exists = (lambda uri: lake.store.exists(lake.store.locate(uri))) if lake.store.remote else os.path.exists
+        if not all(exists(uri) for uri in uris):
             raise _vacuumed(pipeline, output, as_of)
-        spark_schema = from_arrow_schema(schema)
-        # basePath: a partitioned table's partition columns come from its files' col=value folders.
-        reader = spark.read.schema(spark_schema).option("basePath", str(lake.output_path(pipeline, output)))
-        frame = reader.parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
+        if lake.store.remote:
+            frame = read_parquet_files(spark, lake.store, uris, schema)
+        else:
+            spark_schema = from_arrow_schema(schema)
+            # basePath: a partitioned table's partition columns come from its files' col=value folders.
+            reader = spark.read.schema(spark_schema).option("basePath", str(lake.output_path(pipeline, output)))
+            frame = reader.parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
         out[output] = frame.where(F.col(INTO_TS) <= as_of)
     return out
 

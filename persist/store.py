@@ -38,38 +38,12 @@ from deltalake import DeltaTable
 from pyarrow import fs as pafs
 
 from reclock.errors import ConfigError
+from reclock.objectstore import STORAGE_OPTIONS, canonical_options, s3_filesystem, with_environment
 
 __all__ = ["LOCAL", "STORAGE_OPTIONS", "LakePath", "Store", "StorePath", "check_storage_options", "parse_lake"]
 
-#: The storage options a lake accepts, with the ``AWS_*`` environment variable each falls back to.
-STORAGE_OPTIONS: Mapping[str, str | None] = {
-    "endpoint": "AWS_ENDPOINT_URL",
-    "region": "AWS_REGION",
-    "access_key_id": "AWS_ACCESS_KEY_ID",
-    "secret_access_key": "AWS_SECRET_ACCESS_KEY",
-    "session_token": "AWS_SESSION_TOKEN",
-    "allow_http": "AWS_ALLOW_HTTP",
-    "virtual_hosted_style_request": "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
-    "conditional_put": None,
-}
-
-_ALIASES = {
-    "endpoint_url": "endpoint",
-    "aws_endpoint": "endpoint",
-    "aws_endpoint_url": "endpoint",
-    "aws_region": "region",
-    "aws_access_key_id": "access_key_id",
-    "aws_secret_access_key": "secret_access_key",
-    "aws_session_token": "session_token",
-    "token": "session_token",
-    "aws_allow_http": "allow_http",
-    "aws_virtual_hosted_style_request": "virtual_hosted_style_request",
-    "aws_conditional_put": "conditional_put",
-}
-
 #: The only commit mode reclock accepts on S3: Delta's put-if-absent through conditional writes.
 _CONDITIONAL_PUT = "etag"
-_TRUE = ("1", "true", "yes", "on")
 
 
 @dataclass(frozen=True)
@@ -122,18 +96,7 @@ def parse_lake(root: str | os.PathLike[str]) -> LakePath:
 
 def check_storage_options(options: Mapping[str, Any]) -> dict[str, str]:
     """Options under their canonical names, as strings; an unknown or unsafe one is a ConfigError."""
-    out: dict[str, str] = {}
-    for raw, value in options.items():
-        key = _ALIASES.get(str(raw).lower(), str(raw).lower())
-        if key not in STORAGE_OPTIONS:
-            raise ConfigError(
-                f"storage_options.{raw}", f"unknown storage option (known: {', '.join(sorted(STORAGE_OPTIONS))})"
-            )
-        if isinstance(value, bool):
-            value = "true" if value else "false"
-        if not isinstance(value, str | int):
-            raise ConfigError(f"storage_options.{raw}", "must be a string")
-        out[key] = str(value)
+    out = canonical_options(options)
     put = out.get("conditional_put", _CONDITIONAL_PUT)
     if put != _CONDITIONAL_PUT:
         raise ConfigError(
@@ -168,11 +131,7 @@ class Store:
             if storage_options:
                 raise ConfigError("storage_options", "apply only to object-store lakes (s3://...), not to a folder")
             return LOCAL
-        environ = os.environ if environ is None else environ
-        merged = {k: environ[v] for k, v in STORAGE_OPTIONS.items() if v is not None and v in environ}
-        if "region" not in merged and "AWS_DEFAULT_REGION" in environ:
-            merged["region"] = environ["AWS_DEFAULT_REGION"]
-        merged.update(check_storage_options(storage_options or {}))
+        merged = with_environment(storage_options or {}, environ=environ)
         return cls(True, check_storage_options(merged))
 
     # -- Delta tables --------------------------------------------------------------------------
@@ -308,33 +267,10 @@ class Store:
 
     def filesystem(self) -> pafs.FileSystem:
         """pyarrow's S3 file system for these options, one per process and options."""
-        key = tuple(sorted(self.options.items()))
-        found = _FILESYSTEMS.get(key)
-        if found is None:
-            found = _FILESYSTEMS[key] = _s3(self.options)
-        return found
+        return s3_filesystem(self.options)
 
     def _info(self, path: StorePath) -> pafs.FileInfo:
         return self.filesystem().get_file_info(path.location)
-
-
-_FILESYSTEMS: dict[tuple[tuple[str, str], ...], pafs.FileSystem] = {}
-
-
-def _s3(options: Mapping[str, str]) -> pafs.FileSystem:
-    endpoint = options.get("endpoint")
-    http = options.get("allow_http", "false").lower() in _TRUE
-    kwargs: dict[str, Any] = {
-        "access_key": options.get("access_key_id"),
-        "secret_key": options.get("secret_access_key"),
-        "session_token": options.get("session_token"),
-        "region": options.get("region"),
-        "force_virtual_addressing": options.get("virtual_hosted_style_request", "false").lower() in _TRUE,
-    }
-    if endpoint:
-        kwargs["endpoint_override"] = endpoint
-        kwargs["scheme"] = "http" if endpoint.startswith("http://") or http else "https"
-    return pafs.S3FileSystem(**{k: v for k, v in kwargs.items() if v is not None})
 
 
 #: The store of every local lake.

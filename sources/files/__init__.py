@@ -1,4 +1,5 @@
-"""Files: a local directory (or glob) of CSV, JSON lines and Parquet files, one file per partition.
+"""Files: a local directory, an S3 prefix (or a glob under either) of CSV, JSON lines and Parquet
+files, one file per partition.
 
 Definitions, and why each matters to exactly-once ingestion:
 
@@ -54,7 +55,9 @@ Parquet file whose footer cannot be read is listed with upper 1, so that it reac
 The stages, one module each:
 
 * :mod:`~sources.files.config`: the options, checked at definition; formats and column types.
+* :mod:`~sources.files.store`: where the files are (a folder or an S3 prefix): listing and opening.
 * :mod:`~sources.files.listing`: which files are read and which not, and the generations file.
+* :mod:`~sources.files.decompress`: ``.gz`` and ``.zst`` files, each read whole, at offset 0.
 * :mod:`~sources.files.probe`: the probe (uppers) and the cap (which new files the next batch binds).
 * :mod:`~sources.files.source`: :class:`FilesSource`, the driver's side, one split per file.
 * :mod:`~sources.files.reader`: a split read in a Spark task, into output and ``_errors`` batches.
@@ -64,8 +67,10 @@ The stages, one module each:
 * :mod:`~sources.files.convert`: values converted to the declared column types.
 * :mod:`~sources.files.parquet`: footers, the first file's schema, rows cast to the columns.
 
-Out of scope for now: row-range splitting of large files (one split reads one whole file),
-compressed files, object stores.
+A file is bound whole, but an uncompressed JSON lines file (or a CSV file, with
+``csv_multiline=False``) larger than ``split_bytes`` is read by several splits: a record belongs
+to the split its first byte is in (see :meth:`FilesSource.splits`). A compressed file's upper is
+its compressed size and its records all have offset 0 (see :mod:`~sources.files.decompress`).
 """
 
 from reclock.sources.files.listing import ListedFile

@@ -12,16 +12,14 @@ block's end is carried over to the next block.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 
-from reclock.sources.files.listing import open_regular
-
-__all__ = ["Records", "cut_blocks", "record_pattern"]
+__all__ = ["Records", "cut_blocks", "next_line_start", "record_pattern"]
 
 _BOM = b"\xef\xbb\xbf"
 _NEWLINE = ord("\n")
@@ -47,67 +45,82 @@ class Records:
 
 
 def cut_blocks(
-    path: str,
-    end: int,
+    f: BinaryIO,
+    length: int | None,
     *,
+    base: int = 0,
+    where: str,
     quote: bytes | None,
     record_re: re.Pattern[bytes],
     read_bytes: int,
     max_record_bytes: int,
 ) -> Iterator[Records]:
-    """Cut bytes ``[0, end)`` of the file at ``path`` into records, one block at a time.
+    """Cut the next ``length`` bytes of ``f`` (all of them, if ``None``) into records, one block at a time.
 
-    ``quote`` is the CSV quote character (``None`` for JSON lines, which are never quoted) and
-    ``record_re`` the CSV record pattern (see :func:`record_pattern`). Step 1: read up to
-    ``read_bytes`` past the carried-over bytes. Step 2: process up to the last line end
-    (everything at the end of the range). Step 3: a block without the quote character (or any
-    JSON block) is cut at every ``\\n`` with numpy; otherwise the quote-aware scanner cuts it, and
-    a record still open at the block's end is carried over to the next block. A record longer
-    than ``max_record_bytes`` makes the file unreadable (``ValueError``): memory stays bounded.
+    ``f`` is positioned at byte ``base`` of the file ``where`` names, a record start (a byte
+    order mark is skipped only at byte 0); line numbers count from there. ``quote`` is the CSV
+    quote character (``None`` for JSON lines, which are never quoted, and for CSV whose quoted
+    fields never span lines) and ``record_re`` the CSV record pattern (see
+    :func:`record_pattern`). Step 1: read up to ``read_bytes`` past the carried-over bytes. Step 2:
+    process up to the last line end (everything at the end of the range). Step 3: a block without
+    the quote character (or any JSON block) is cut at every ``\\n`` with numpy; otherwise the
+    quote-aware scanner cuts it, and a record still open at the block's end is carried over to
+    the next block. A record longer than ``max_record_bytes`` makes the file unreadable
+    (``ValueError``): memory stays bounded.
     """
-    with open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        if size < end:
-            raise ValueError(
-                f"{path} has {size} bytes but was bound with {end}: it shrank or was replaced "
-                "after it was bound and cannot be read again; drop it to re-ingest"
-            )
-        remaining = end
-        carry = b""
-        base = 0  # file position of carry[0]
-        line = 1  # line number of carry[0]
-        first = True
-        while True:
-            data = f.read(min(read_bytes, remaining))
+    remaining = length
+    stop = None if length is None else base + length
+    carry = b""
+    line = 1  # line number of carry[0], counted from ``base``
+    first = base == 0
+    while True:
+        data = f.read(read_bytes if remaining is None else min(read_bytes, remaining))
+        if remaining is not None:
             if remaining and not data:
-                raise ValueError(f"{path} ended before byte {end}: it shrank while being read")
+                raise ValueError(f"{where} ended before byte {stop}: it shrank while being read")
             remaining -= len(data)
-            buf = carry + data if carry else data
-            if first:
-                first = False
-                if buf.startswith(_BOM):  # a byte order mark is not data
-                    buf, base = buf[len(_BOM) :], len(_BOM)
-            eof = remaining == 0
-            cut = len(buf) if eof else buf.rfind(b"\n") + 1
-            consumed = 0
-            if cut:
-                block = buf[:cut] if cut < len(buf) else buf
-                if quote is not None and quote in block:
-                    records, consumed = _cut_quoted(block, base, line, eof, record_re)
-                else:
-                    records, consumed = _cut_lines(block, base, line), cut
-                if len(records.starts):
-                    yield records
-                line += block.count(b"\n", 0, consumed)
-            carry = buf[consumed:]
-            base += consumed
-            if eof:
-                return
-            if len(carry) > max_record_bytes:
-                raise ValueError(
-                    f"{path}: the record starting on line {line} (byte {base}) is longer than "
-                    f"{max_record_bytes} bytes (an unbalanced quote?); the file cannot be read"
-                )
+        buf = carry + data if carry else data
+        if first:
+            first = False
+            if buf.startswith(_BOM):  # a byte order mark is not data
+                buf, base = buf[len(_BOM) :], len(_BOM)
+        eof = remaining == 0 if remaining is not None else not data
+        cut = len(buf) if eof else buf.rfind(b"\n") + 1
+        consumed = 0
+        if cut:
+            block = buf[:cut] if cut < len(buf) else buf
+            if quote is not None and quote in block:
+                records, consumed = _cut_quoted(block, base, line, eof, record_re)
+            else:
+                records, consumed = _cut_lines(block, base, line), cut
+            if len(records.starts):
+                yield records
+            line += block.count(b"\n", 0, consumed)
+        carry = buf[consumed:]
+        base += consumed
+        if eof:
+            return
+        if len(carry) > max_record_bytes:
+            raise ValueError(
+                f"{where}: the record starting on line {line} (byte {base}) is longer than "
+                f"{max_record_bytes} bytes (an unbalanced quote?); the file cannot be read"
+            )
+
+
+def next_line_start(f: BinaryIO, position: int, end: int, *, read_bytes: int = 1 << 16) -> int:
+    """The first line start at or after ``position`` (> 0) of a seekable file, ``end`` if none
+    is below it: where a piece of a split file starts reading (its first record, or a blank line)."""
+    f.seek(position - 1)
+    at = position - 1
+    while at < end:
+        data = f.read(min(read_bytes, end - at))
+        if not data:
+            return end
+        found = data.find(b"\n")
+        if found >= 0:
+            return at + found + 1
+        at += len(data)
+    return end
 
 
 def record_pattern(delimiter: str, quote: str) -> re.Pattern[bytes]:

@@ -24,6 +24,7 @@ from pathlib import Path, PurePath
 from typing import BinaryIO
 
 from reclock.sources.files.config import FileFormat
+from reclock.sources.files.decompress import inner_name
 from reclock.time import Partition
 
 __all__ = [
@@ -80,8 +81,14 @@ def absolute(root: str, relative: str) -> str:
 
 
 def format_of(path: str, fixed: FileFormat | None) -> FileFormat | None:
-    """The format ``path`` is read in: ``fixed`` if set, else by extension (``None``: not read)."""
-    return fixed or _EXTENSIONS.get(os.path.splitext(path)[1].lower())
+    """The format ``path`` is read in: ``fixed`` if set, else by extension (``None``: not read).
+
+    A compressed file (``.gz``, ``.zst``) goes by the extension inside (``a.csv.gz`` is CSV); a
+    compressed Parquet file is never read (see :mod:`~sources.files.decompress`).
+    """
+    inner = inner_name(path)
+    fmt = fixed or _EXTENSIONS.get(os.path.splitext(inner)[1].lower())
+    return None if fmt == "parquet" and inner != path else fmt
 
 
 def scan(

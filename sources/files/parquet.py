@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 from reclock.errors import ConfigError
 from reclock.sources.files.config import RESERVED
 from reclock.sources.files.convert import convert, convert_all
-from reclock.sources.files.listing import Listed, open_regular
+from reclock.sources.files.listing import Listed
+from reclock.sources.files.store import FileStore
 
 __all__ = ["ParquetRows", "first_schema", "footer_rows", "read_rows", "row_json"]
 
@@ -39,13 +40,13 @@ class ParquetRows(NamedTuple):
     batch: pa.RecordBatch | None
 
 
-def footer_rows(path: str) -> int:
+def footer_rows(path: str, store: FileStore | None = None) -> int:
     """The row count in the footer of the Parquet file at ``path`` (no data is read)."""
-    with open_regular(path) as handle:
+    with _store(store).open(path) as (handle, _):
         return pq.read_metadata(handle).num_rows
 
 
-def first_schema(listed: Sequence[Listed], where: str) -> pa.Schema:
+def first_schema(listed: Sequence[Listed], where: str, store: FileStore | None = None) -> pa.Schema:
     """The schema of the first readable Parquet file of ``listed``, all fields nullable.
 
     Called when a source's ``columns`` are left out; ``where`` names the source in the error
@@ -55,7 +56,7 @@ def first_schema(listed: Sequence[Listed], where: str) -> pa.Schema:
         if f.format != "parquet" or f.size == 0:
             continue
         try:
-            with open_regular(f.path) as handle:
+            with _store(store).open(f.path) as (handle, _):
                 schema = pq.read_schema(handle)
         except (OSError, ValueError, pa.ArrowException):
             continue
@@ -68,9 +69,11 @@ def first_schema(listed: Sequence[Listed], where: str) -> pa.Schema:
     raise ConfigError("columns", f"no readable Parquet file under {where} yet to take the schema from; declare columns")
 
 
-def read_rows(path: str, end: int, schema: pa.Schema, batch_rows: int) -> Iterator[ParquetRows]:
+def read_rows(
+    path: str, end: int, schema: pa.Schema, batch_rows: int, store: FileStore | None = None
+) -> Iterator[ParquetRows]:
     """Rows ``[0, end)`` of the file at ``path``, ``batch_rows`` at a time, cast to ``schema``."""
-    with open_regular(path) as f:
+    with _store(store).open(path) as (f, _):
         parquet = pq.ParquetFile(f)
         rows = parquet.metadata.num_rows
         if rows != end:
@@ -118,3 +121,8 @@ def _cast(batch: pa.RecordBatch, schema: pa.Schema, path: str) -> tuple[list[pa.
         for i, problem in problems.items():
             bad.setdefault(i, f"column {f.name!r}: {problem}")
     return columns, bad
+
+
+def _store(store: FileStore | None) -> FileStore:
+    """The store files are opened through: a local one when none is given (its root is unused)."""
+    return store if store is not None else FileStore("")

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from reclock.sources.files.listing import Listed, absolute, unpack
 from reclock.sources.files.parquet import footer_rows
+from reclock.sources.files.store import FileStore
 from reclock.time import Frontier, Partition
 
 __all__ = ["Probe", "settling"]
@@ -42,8 +43,9 @@ def settling(f: Listed, now_ms: int, settle_seconds: float) -> bool:
 class Probe:
     """What the driver remembers between probes of one source; never pickled to a task."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, store: FileStore | None = None) -> None:
         self._root = root
+        self._store = store
         #: Discovery-order key of every partition the probe has seen, for :meth:`cap`.
         self._order: dict[Partition, tuple[int, str, int]] = {}
         #: Parquet row counts by ``(path, size, mtime_ns)``: a footer is read once per version.
@@ -126,7 +128,7 @@ class Probe:
         key = (f.path, f.size, f.mtime_ns)
         if key not in self._footers:
             try:
-                self._footers[key] = footer_rows(f.path)
+                self._footers[key] = footer_rows(f.path, self._store)
             except (OSError, ValueError, pa.ArrowException) as exc:
                 if not warn:
                     return _UNREADABLE_PARQUET_UPPER  # not cached: the probe still warns once

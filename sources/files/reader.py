@@ -24,10 +24,12 @@ import pyarrow as pa
 
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Split, clip_message, error_batch
 from reclock.sources.decode.isolate import PIECE
-from reclock.sources.files.blocks import Records, cut_blocks, record_pattern
+from reclock.sources.files.blocks import Records, cut_blocks, next_line_start, record_pattern
 from reclock.sources.files.config import FileFormat
+from reclock.sources.files.decompress import compression_of, decompressed
 from reclock.sources.files.parquet import read_rows, row_json
 from reclock.sources.files.parse import RecordParser
+from reclock.sources.files.store import FileStore
 from reclock.time import UNKNOWN_FIELDS, encode_partition
 
 __all__ = ["CONVERT", "PARSE", "FileReader", "FileSplit"]
@@ -51,14 +53,17 @@ _MAX_RAW = 1 << 20
 
 @dataclass(frozen=True)
 class FileSplit(Split):
-    """One whole file: ``[0, end)`` of partition ``(relative_path, generation)``.
+    """A file, or a piece of one: ``[start, end)`` of partition ``(relative_path, generation)``.
 
-    ``path`` is absolute, ``format`` the one the file is read as; ``end`` is the file's upper when
-    it was bound (bytes, or rows for Parquet).
+    ``path`` is absolute (or an ``s3://`` URI), ``format`` the one the file is read as; ``size``
+    is the file's upper when it was bound (bytes, or rows for Parquet). A whole file is ``[0,
+    size)``; a piece of a large CSV or JSON lines file holds the records that *start* in
+    ``[start, end)``, reading on past ``end`` to finish the last one.
     """
 
     path: str
     format: FileFormat
+    size: int
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class FileReader:
     csv_delimiter: str
     csv_quote: str
     fail: bool
+    store: FileStore
+    #: Whether a quoted CSV field may hold a line end (then a CSV file is never cut into pieces).
+    csv_multiline: bool = True
     #: Hand each record's undeclared fields on as :data:`~reclock.time.UNKNOWN_FIELDS` (JSON lines'
     #: other keys, the columns a CSV header names after the declared ones): schema evolution.
     unknown_fields: bool = False
@@ -95,46 +103,96 @@ class FileReader:
             yield from self._read_lines(split, relative, encoded)
 
     def _read_lines(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """CSV and JSON lines: cut into records block by block, parsed a batch of records at a time."""
+        """CSV and JSON lines: cut into records block by block, parsed a batch of records at a time.
+
+        A piece (``start > 0``) starts at the first line start at or after ``start`` and keeps
+        the records starting before ``end``: each record belongs to exactly one piece. A
+        compressed file is read whole and its records carry offset 0 (see
+        :mod:`~sources.files.decompress`).
+        """
         is_csv = split.format == "csv"
-        header = is_csv and self.csv_header
-        blocks = cut_blocks(
-            split.path,
-            split.end,
-            quote=self.csv_quote.encode() if is_csv else None,
-            record_re=self._record_re,
-            read_bytes=_READ_BYTES,
-            max_record_bytes=_MAX_RECORD_BYTES,
-        )
-        parser, extras = self._parser, ()
-        for records in blocks:
-            count = len(records.starts)
-            first = 0
-            if header and count:
-                header, first = False, 1  # the first record of the file is the header
-                if self.unknown_fields:
-                    parser, extras = self._header_parser(records.block[records.starts[0] : records.ends[0]])
-            for lo in range(first, count, _BATCH_ROWS):
-                hi = min(count, lo + _BATCH_ROWS)
-                good, columns, faults = parser.parse(records, lo, hi, is_csv=is_csv, piece=_PIECE, where=split.path)
-                if len(good):
+        header = is_csv and self.csv_header and split.start == 0
+        codec = compression_of(split.path)
+        with self.store.open(split.path) as (f, size):
+            if size < split.size:
+                raise ValueError(
+                    f"{split.path} has {size} bytes but was bound with {split.size}: it shrank or was replaced "
+                    "after it was bound and cannot be read again; drop it to re-ingest"
+                )
+            start = split.start
+            if codec is not None:
+                stream, length = decompressed(f, split.size, codec, split.path), None
+            else:
+                if start:
+                    start = next_line_start(f, start, split.size)
+                    if start >= split.end:
+                        return
+                    f.seek(start)
+                stream, length = f, split.size - start
+            blocks = cut_blocks(
+                stream,
+                length,
+                base=start,
+                where=split.path,
+                quote=self.csv_quote.encode() if is_csv and self.csv_multiline else None,
+                record_re=self._record_re,
+                read_bytes=_READ_BYTES,
+                max_record_bytes=_MAX_RECORD_BYTES,
+            )
+            parser, extras = self._parser, ()
+            if self.unknown_fields and is_csv and self.csv_header and split.start > 0:
+                f.seek(0)  # a later piece of the file: its columns are still named by the header
+                parser, extras = self._header_parser(f.readline().rstrip(b"\r\n"))
+                f.seek(start)
+            for records in blocks:
+                count = len(records.starts)
+                last = count if codec is not None else int(np.searchsorted(records.starts, split.end - records.base))
+                first = 0
+                if header and last:
+                    header, first = False, 1  # the first record of the file is the header
                     if self.unknown_fields:
-                        columns = [*columns[: len(self.schema)], self._unknown(records, good, columns, extras, is_csv)]
-                    yield self.output, self._batch(encoded, records.base + records.starts[good], columns)
-                if faults:
-                    yield (
-                        ERRORS,
-                        error_batch(
-                            encoded,
-                            [int(records.base + records.starts[k]) for k, _ in faults],
-                            [PARSE] * len(faults),
-                            [
-                                clip_message(f"{relative} line {int(records.lines[k])}: {problem}")
-                                for k, problem in faults
-                            ],
-                            [records.block[records.starts[k] : records.ends[k]][:_MAX_RAW] for k, _ in faults],
-                        ),
-                    )
+                        parser, extras = self._header_parser(records.block[records.starts[0] : records.ends[0]])
+                zero = codec is not None
+                yield from self._parse(records, first, last, split, relative, encoded, zero, parser, extras)
+                if last < count:
+                    return  # the next record starts in the next piece
+
+    def _parse(
+        self,
+        records: Records,
+        first: int,
+        last: int,
+        split: FileSplit,
+        relative: str,
+        encoded: str,
+        zero: bool,
+        parser: RecordParser,
+        extras: tuple[str, ...],
+    ) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Records ``[first, last)`` of a block, parsed; ``zero``: every offset is 0 (compressed);
+        ``parser`` and ``extras``: the columns a CSV header names after the declared ones."""
+        is_csv = split.format == "csv"
+        positions = records.base + records.starts
+        if zero:
+            positions = np.zeros_like(positions)
+        for lo in range(first, last, _BATCH_ROWS):
+            hi = min(last, lo + _BATCH_ROWS)
+            good, columns, faults = parser.parse(records, lo, hi, is_csv=is_csv, piece=_PIECE, where=split.path)
+            if len(good):
+                if self.unknown_fields:
+                    columns = [*columns[: len(self.schema)], self._unknown(records, good, columns, extras, is_csv)]
+                yield self.output, self._batch(encoded, positions[good], columns)
+            if faults:
+                yield (
+                    ERRORS,
+                    error_batch(
+                        encoded,
+                        [int(positions[k]) for k, _ in faults],
+                        [PARSE] * len(faults),
+                        [clip_message(f"{relative} {_where(records, k, split)}: {problem}") for k, problem in faults],
+                        [records.block[records.starts[k] : records.ends[k]][:_MAX_RAW] for k, _ in faults],
+                    ),
+                )
 
     def _header_parser(self, line: bytes) -> tuple[RecordParser, tuple[str, ...]]:
         """The parser of a CSV file whose header names columns after the declared ones, and those
@@ -173,7 +231,7 @@ class FileReader:
 
     def _read_parquet(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Parquet: rows cast to the declared columns; a row with a value that does not fit is bad."""
-        for rows in read_rows(split.path, split.end, self.schema, _BATCH_ROWS):
+        for rows in read_rows(split.path, split.end, self.schema, _BATCH_ROWS, self.store):
             offsets = np.arange(rows.offset, rows.offset + rows.count, dtype=np.int64)
             bad = rows.bad
             if not bad:
@@ -205,3 +263,11 @@ class FileReader:
             [pa.repeat(pa.scalar(encoded, pa.string()), n), pa.array(offsets, pa.int64()), *columns],
             schema=self._batch_schema,
         )
+
+
+def _where(records: Records, k: int, split: FileSplit) -> str:
+    """Where record ``k`` is, for a message: its line, or its byte in a piece after the first
+    (whose line number is not known without reading the file up to it)."""
+    if split.start == 0:
+        return f"line {int(records.lines[k])}"
+    return f"byte {int(records.base + records.starts[k])}"

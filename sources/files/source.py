@@ -13,26 +13,27 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import ERRORS, Output, SourceBase, Split
-from reclock.sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns, check_path
+from reclock.sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns
+from reclock.sources.files.decompress import compression_of
 from reclock.sources.files.listing import (
     Listed,
     ListedFile,
-    absolute,
     format_of,
     parse_generations,
     read_generations,
-    scan,
     unpack,
 )
 from reclock.sources.files.parquet import first_schema
 from reclock.sources.files.probe import Probe, settling
 from reclock.sources.files.reader import FileReader, FileSplit
+from reclock.sources.files.store import FileStore
 from reclock.time import Frontier, Partition
 
 __all__ = ["FilesSource"]
@@ -72,6 +73,9 @@ class FilesSource(SourceBase):
         generations_path: str | os.PathLike[str] | None = None,
         generations_reader: Callable[[], str | None] | None = None,
         follow_links_outside: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        split_bytes: int = 128 << 20,
+        csv_multiline: bool = True,
         now: Callable[[], int] | None = None,
     ) -> None:
         """Validate every setting eagerly, so a bad pipeline fails at definition, naming the field.
@@ -85,8 +89,16 @@ class FilesSource(SourceBase):
         read from the first Parquet file (in discovery order) now. A symbolic link is followed
         when its target is inside the directory (or ``follow_links_outside`` is set); otherwise
         the file is listed as ignored (see :meth:`listing`), never read.
+
+        ``path`` may be ``s3://bucket/prefix`` (or a glob under it), reached with
+        ``storage_options`` over the ``AWS_*`` environment (see :mod:`~sources.files.store`).
+        ``.gz`` and ``.zst`` files are decompressed (see :mod:`~sources.files.decompress`). An
+        uncompressed JSON lines file larger than ``split_bytes`` (0: never) is read by several
+        tasks, a piece of about ``split_bytes`` each; a CSV file too, when ``csv_multiline`` is
+        false (no quoted field holds a line end, so every line end ends a record).
         """
-        self.root, self.pattern = check_path(path)
+        self.store, self.pattern = FileStore.at(path, storage_options)
+        self.root = self.store.root
         if format is not None and format not in FORMATS:
             raise ConfigError("format", f"must be one of {', '.join(FORMATS)} (or unset to infer it), got {format!r}")
         self.format: FileFormat | None = format  # type: ignore[assignment]
@@ -125,10 +137,16 @@ class FilesSource(SourceBase):
         if not isinstance(follow_links_outside, bool):
             raise ConfigError("follow_links_outside", f"must be true or false, got {follow_links_outside!r}")
         self.follow_links_outside = follow_links_outside
+        if not isinstance(split_bytes, int) or isinstance(split_bytes, bool) or 0 < split_bytes < 16 or split_bytes < 0:
+            raise ConfigError("split_bytes", f"must be 0 (never split a file) or an integer >= 16, got {split_bytes!r}")
+        self.split_bytes = split_bytes
+        if not isinstance(csv_multiline, bool):
+            raise ConfigError("csv_multiline", f"must be true or false, got {csv_multiline!r}")
+        self.csv_multiline = csv_multiline
         if now is not None and not callable(now):
             raise ConfigError("now", f"must be a callable returning ms since the epoch, got {now!r}")
         self._now: Callable[[], int] = now if now is not None else _wall_clock_ms
-        self._probe = Probe(self.root)
+        self._probe = Probe(self.root, self.store)
         if columns is None:
             if self.format != "parquet":
                 raise ConfigError(
@@ -136,11 +154,19 @@ class FilesSource(SourceBase):
                     "required for csv and jsonl files (and whenever format is inferred); "
                     "only format='parquet' can take its schema from the first file",
                 )
-            self.schema = first_schema(self._list(), self.pattern if self.pattern is not None else self.root)
+            where = self.pattern if self.pattern is not None else self.root
+            self.schema = first_schema(self._list(), where, self.store)
         else:
             self.schema = check_columns(columns)
         self._reader = FileReader(
-            output, self.schema, csv_header, self.csv_delimiter, self.csv_quote, on_record_error == "fail"
+            output,
+            self.schema,
+            csv_header,
+            self.csv_delimiter,
+            self.csv_quote,
+            on_record_error == "fail",
+            self.store,
+            csv_multiline,
         )
 
     def __repr__(self) -> str:
@@ -159,7 +185,7 @@ class FilesSource(SourceBase):
         """Restore with the wall clock and a fresh probe, so a copy can still probe."""
         self.__dict__.update(state)
         self._now = _wall_clock_ms
-        self._probe = Probe(self.root)
+        self._probe = Probe(self.root, self.store)
 
     def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
         """Hand each record's undeclared fields on (schema evolution): JSON lines' other keys, the
@@ -211,9 +237,13 @@ class FilesSource(SourceBase):
         return self._probe.cap(lower, upper, self.max_files_per_batch)
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[FileSplit]:
-        """One :class:`FileSplit` per file with ``lower < upper``, in discovery order.
+        """One :class:`FileSplit` per file with ``lower < upper`` (several for a large one), in discovery order.
 
-        A file is read whole, so its split starts at 0; a file bound part-way (``0 < lower <
+        A file is bound whole, so its split starts at 0; an uncompressed JSON lines file (or a
+        CSV file, without ``csv_multiline``) larger than ``split_bytes`` is cut into pieces of
+        ``split_bytes``, each read by its own task: a record belongs to the piece it starts in,
+        so every record is read once, and all pieces land in the batch's one commit per output.
+        A file bound part-way (``0 < lower <
         upper``, which :meth:`cap` never produces) is a bug in the caller and raises
         ``ValueError``. The partition carries its generation, so splits depend only on the two
         frontiers (never on the generations file, which may have moved on since the batch was
@@ -231,7 +261,7 @@ class FilesSource(SourceBase):
                     f"file {partition!r} was bound up to offset {start} of {end}: a file is read whole, "
                     "so its split must start at 0"
                 )
-            out.append(self._file_split(partition, end))
+            out += self._pieces(self._file_split(partition, end))
         out.sort(key=lambda s: self._probe.sort_key(s.partition))
         return out
 
@@ -242,16 +272,20 @@ class FilesSource(SourceBase):
     # -- the task side -----------------------------------------------------------------------------
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """Read one whole file: its records as ``(output, batch)`` and bad ones as ``(ERRORS, batch)``.
+        """Read one file, or one piece of a large one: its records as ``(output, batch)`` and bad
+        ones as ``(ERRORS, batch)``.
 
         Batches hold at most 65,536 rows, in file order, each starting with ``_partition`` and
         ``_offset``. Replayable: the same split yields the same batches as long as the file's
-        first ``split.end`` bytes (Parquet: its rows) are unchanged. See :mod:`sources.files.reader`.
+        first ``split.size`` bytes (Parquet: its rows) are unchanged. A piece reads the records
+        that start in ``[split.start, split.end)``. See :mod:`sources.files.reader`.
         """
-        if split.start != 0 or split.end <= 0:
-            raise ValueError(f"split of {split.partition!r} is [{split.start}, {split.end}): a file reads [0, end)")
         if not isinstance(split, FileSplit):
+            if split.start != 0 or split.end <= 0:
+                raise ValueError(f"split of {split.partition!r} is [{split.start}, {split.end}): a file reads [0, end)")
             split = self._file_split(split.partition, split.end)
+        if not 0 <= split.start < split.end <= split.size:
+            raise ValueError(f"split of {split.partition!r} is [{split.start}, {split.end}) of a file of {split.size}")
         yield from self._reader.read(split)
 
     # -- listing -----------------------------------------------------------------------------------
@@ -285,8 +319,7 @@ class FilesSource(SourceBase):
 
     def _scan(self) -> tuple[list[Listed], list[tuple[str, str]]]:
         """The files read now and the candidates never read, with why (see :func:`~sources.files.listing.scan`)."""
-        return scan(
-            self.root,
+        return self.store.scan(
             self.pattern,
             fixed=self.format,
             skip=self.generations_path,
@@ -308,4 +341,14 @@ class FilesSource(SourceBase):
         fmt = format_of(relative, self.format)
         if fmt is None:
             raise ValueError(f"file {relative!r} has no known format (extension)")
-        return FileSplit(partition, 0, end, absolute(self.root, relative), fmt)
+        return FileSplit(partition, 0, end, self.store.absolute(relative), fmt, end)
+
+    def _pieces(self, split: FileSplit) -> list[FileSplit]:
+        """``split`` cut into pieces of ``split_bytes`` when its file may be (see :meth:`splits`)."""
+        cuttable = split.format == "jsonl" or (split.format == "csv" and not self.csv_multiline)
+        if not self.split_bytes or split.end <= self.split_bytes or not cuttable or compression_of(split.path):
+            return [split]
+        return [
+            replace(split, start=lo, end=min(lo + self.split_bytes, split.end))
+            for lo in range(0, split.end, self.split_bytes)
+        ]
