@@ -8,6 +8,7 @@ piped into a reader that stops early (``reclock status | head -1``) ends quietly
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import os
@@ -20,7 +21,7 @@ from typing import NoReturn
 
 import pyarrow as pa
 
-from reclock import job
+from reclock import job, logs
 from reclock.config import expand_storage_options, load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
@@ -51,7 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _checked_env(parser, args)
+    logs.configure(args.log_level, args.log_format)
     if args.lake is None and args.func is not _create:
         args.lake = "lake"
     try:
@@ -118,8 +122,50 @@ def _count(text: str) -> int:
     return value
 
 
+def _from_env(env: str, choices: Sequence[str], default: str) -> str:
+    """The default of a ``--log-*`` flag: ``$env`` if set (checked by :func:`_checked_env`), else ``default``."""
+    value = os.environ.get(env, "").strip()
+    if not value:
+        return default
+    return value.upper() if choices is logs.LEVELS else value.lower()
+
+
+def _checked_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse checks the choices of a flag given, not of a default taken from the environment."""
+    for flag, env, choices in (
+        ("log_level", "RECLOCK_LOG_LEVEL", logs.LEVELS),
+        ("log_format", "RECLOCK_LOG_FORMAT", logs.FORMATS),
+    ):
+        if getattr(args, flag) not in choices:
+            parser.error(f"${env} must be one of {', '.join(choices)}, got {os.environ[env].strip()!r}")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("reclock")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="reclock", description=__doc__.split("\n")[0])
+    parser = _Parser(
+        prog="reclock", description="Create, start, stop and watch pipelines; `reclock demo` shows the whole path."
+    )
+    parser.add_argument("--version", action="version", version=f"reclock {_version()}")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=logs.LEVELS,
+        default=_from_env("RECLOCK_LOG_LEVEL", logs.LEVELS, "WARNING"),
+        help="log lines at this level and above go to stderr (default: $RECLOCK_LOG_LEVEL, else WARNING)",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=logs.FORMATS,
+        default=_from_env("RECLOCK_LOG_FORMAT", logs.FORMATS, "text"),
+        help="text lines or one JSON object a line (default: $RECLOCK_LOG_FORMAT, else text)",
+    )
     parser.add_argument(
         "--lake",
         default=os.environ.get("RECLOCK_LAKE"),
@@ -156,6 +202,11 @@ def _parser() -> argparse.ArgumentParser:
     start = commands.add_parser("start", help="run a pipeline until it finishes or is stopped")
     start.add_argument("name")
     start.add_argument("--max-seconds", type=_seconds, default=None, help="stop after this long")
+    start.add_argument(
+        "--metrics-host",
+        default=None,
+        help="address /metrics binds to, if the definition sets metrics_port (default: its metrics_host, 127.0.0.1)",
+    )
     start.set_defaults(func=_start)
 
     stop = commands.add_parser("stop", help="ask a running pipeline to stop after its in-flight batch")
@@ -212,7 +263,9 @@ def _create(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     lake = _lake(args)
-    pipeline = job.run(lake, args.name, progress=sys.stderr, max_seconds=args.max_seconds)
+    pipeline = job.run(
+        lake, args.name, progress=sys.stdout, max_seconds=args.max_seconds, metrics_host=args.metrics_host
+    )
     if pipeline.health is Health.FAILED:
         print(f"reclock: pipeline {args.name!r} failed (state Error): {pipeline.last_error}", file=sys.stderr)
         return 1

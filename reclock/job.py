@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
+from reclock import logs
 from reclock.config import PipelineConfig, build_source, expand_storage_options, parse_config, redacted
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
@@ -195,9 +196,31 @@ def generations_file(lake: Lake, name: str) -> LakePath:
     return lake.control_dir(name) / "generations.json"
 
 
-def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: float | None = None) -> Pipeline:
-    """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
+def run(
+    lake: Lake,
+    name: str,
+    *,
+    progress: TextIO | None = None,
+    max_seconds: float | None = None,
+    metrics_host: str | None = None,
+) -> Pipeline:
+    """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
+
+    ``metrics_host`` overrides the definition's ``metrics_host`` for this run. Every line the job
+    logs on this thread names the pipeline (:mod:`reclock.logs`).
+    """
+    with logs.pipeline_scope(name):
+        pipeline = _run(lake, name, progress, max_seconds, metrics_host)
+        log.info("job ended: %s, %s", pipeline.health.value, "finished" if pipeline.finished else "not finished")
+        return pipeline
+
+
+def _run(
+    lake: Lake, name: str, progress: TextIO | None, max_seconds: float | None, metrics_host: str | None
+) -> Pipeline:
     config, created_at = load(lake, name)
+    if metrics_host is not None:
+        config = replace(config, metrics_host=metrics_host)
     lock = _exclusive(lake, name)
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds).
@@ -231,7 +254,8 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     last_health = [pipeline.health]
     metrics = Metrics(pipeline)
     if config.metrics_port is not None:
-        status.metrics_port = metrics.serve(config.metrics_port)
+        status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
+    log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -242,6 +266,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
             status.rows[output] = status.rows.get(output, 0) + rows
         _record_batch(tables, pipeline, report, first_offsets)
         metrics.observe(report)
+        _log_batch(report)
         _publish(lake, pipeline, status)
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
@@ -265,6 +290,16 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     return pipeline
+
+
+def _log_batch(report: BatchReport) -> None:
+    """INFO for a batch that committed, DEBUG for an idle step; failures are logged where they happen."""
+    if report.idle:
+        log.debug("idle: no new data")
+    elif report.state is BatchState.SUCCEEDED:
+        rows = ", ".join(f"{output} {n}" for output, n in sorted(report.rows.items()))
+        with logs.batch_scope(report.binding_ts):
+            log.info("committed in %d ms, rows: %s", report.duration_ms, rows or "none")
 
 
 def _record_state(tables: StatusTables, pipeline: Pipeline, config_json: str) -> None:
