@@ -485,7 +485,7 @@ def _demo(args: argparse.Namespace) -> int:
     from reclock.demo import run_demo
 
     as_of = run_demo(
-        _lake(args), events=args.events, rate=args.rate, engine=args.engine, out=sys.stderr, source=args.source
+        _lake(args), events=args.events, rate=args.rate, engine=args.engine, out=sys.stdout, source=args.source
     )
     if as_of is None:
         return 1

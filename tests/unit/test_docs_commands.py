@@ -9,8 +9,10 @@ session, in a fresh directory whose ``PATH`` starts with a ``reclock`` (this che
   stderr together) and optionally ``[exit N]`` (else 0 is expected). Output is compared line by
   line with runs of spaces and of dashes collapsed (column widths follow the data) and every
   number standing for any number (times, counts, rates vary from run to run); ``...`` on a line
-  of its own stands for any lines, and inside a line for any text;
-* ```` ```python ````: run as a script with this interpreter; it must exit 0;
+  of its own stands for any lines, and inside a line for any text. A command shown without output
+  has its output left unchecked;
+* ```` ```python ````: run as a script with this interpreter, after the session's earlier python
+  blocks (run again, so names they defined are there, as in one program); it must exit 0;
 * ```` ```toml ```` (or json, text, csv) with ``file=PATH`` in the marker: written to PATH.
 """
 
@@ -50,6 +52,7 @@ def test_every_run_block_of_the_docs_runs_with_the_output_it_shows(key, tmp_path
     env = _environment(tmp_path / ".bin")
     work = tmp_path / "work"
     work.mkdir()
+    program = ""
     for block in SESSIONS[key]:
         options = dict(option.split("=", 1) for option in block.arg.split()[1:])
         if "file" in options:
@@ -59,18 +62,22 @@ def test_every_run_block_of_the_docs_runs_with_the_output_it_shows(key, tmp_path
         elif block.lang in ("bash", "sh"):
             _check(block, block.text, _run(["bash", "-e", "-o", "pipefail", "-c", block.text], work, env), 0, None)
         elif block.lang == "python":
+            program += block.text
             script = work / f".block_{block.line}.py"
-            script.write_text(block.text)
+            script.write_text(program)
             _check(block, "python block", _run([sys.executable, str(script)], work, env), 0, None)
         else:
             for command, expected, code in _console(block):
-                _check(block, command, _run(["bash", "-c", command], work, env), code, expected)
+                _check(block, command, _run(["bash", "-c", command], work, env), code, expected or None)
 
 
 def _environment(bin_dir: Path) -> dict[str, str]:
     """This process's environment, less any RECLOCK_* setting, with this checkout's CLI first."""
     bin_dir.mkdir()
-    (bin_dir / "reclock").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m reclock.cli "$@"\n')
+    # this checkout first, whatever PYTHONPATH a documented command sets for its own modules
+    (bin_dir / "reclock").write_text(
+        f'#!/bin/sh\nPYTHONPATH="{ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" -m reclock.cli "$@"\n'
+    )
     (bin_dir / "reclock").chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECLOCK_")}
