@@ -3,7 +3,8 @@
 Every fenced block of ``README.md`` and ``docs/**/*.md`` has, on the line before its fence, one
 of these markers (``tests/unit/test_docs_marked.py`` fails on a block without one):
 
-* ``<!-- example: NAME -->``: a python block run by ``tests/unit/test_docs_examples.py``;
+* ``<!-- example: NAME -->``: a python block run by ``tests/unit/test_docs_examples.py``, and
+  ``<!-- output: NAME -->``: what that example must print;
 * ``<!-- run: NAME [file=PATH] -->``: run by ``tests/unit/test_docs_commands.py`` (see there);
 * ``<!-- deploy: NAME -->``, ``<!-- plugin: NAME -->``: read and run by the integration tests of
   ``docs/deploy.md`` and the plugin guide;
@@ -22,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^\s*(```+|~~~+)\s*([\w+-]*)\s*$")
 MARKER = re.compile(r"^\s*<!-- (\w+): ?(.*?) ?-->\s*$")
-KINDS = ("example", "run", "deploy", "plugin", "illustrative")
+KINDS = ("example", "output", "run", "deploy", "plugin", "illustrative")
 
 
 @dataclass(frozen=True)

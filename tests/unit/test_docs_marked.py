@@ -15,6 +15,7 @@ RUN_LANGS = ("bash", "sh", "console", "python", "toml", "json", "text", "csv")
 #: The file each kind of marker is read from by its test (``None``: any file).
 READ_FROM = {
     "example": ROOT / "docs",  # tests/unit/test_docs_examples.py reads docs/ only
+    "output": ROOT / "docs",
     "deploy": ROOT / "docs" / "deploy.md",  # tests/integration/test_standalone_cluster.py
     "plugin": ROOT / "docs" / "source-authors.md",  # tests/integration/test_source_plugins.py
 }
