@@ -55,11 +55,11 @@ def _main(argv: Sequence[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     _checked_env(parser, args)
-    logs.configure(args.log_level, args.log_format)
     if args.lake is None and args.func is not _create:
         args.lake = "lake"
     try:
-        return args.func(args)
+        with logs.configured(args.log_level, args.log_format):
+            return args.func(args)
     except ConfigError as exc:
         print(f"reclock: config error: {exc}", file=sys.stderr)
         return 2

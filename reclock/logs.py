@@ -7,8 +7,9 @@ time, for one step), and a filter copies them onto every record of the ``reclock
 Context variables are per thread: a helper thread's lines (the stop watcher, a probe) name the
 pipeline in their message instead.
 
-Only the ``reclock`` logger tree is configured (not the root logger), so an application that
-embeds reclock keeps its own logging, and chatty libraries (py4j at DEBUG) stay quiet. Spark's
+Only the ``reclock`` logger tree, and kafka-python's ``kafka`` (whose lines explain a refused SASL
+handshake), are configured, not the root logger: an application that embeds reclock keeps its
+own logging, and other chatty libraries (py4j at DEBUG) stay quiet. Spark's
 own log4j output is configured separately, by :func:`spark_conf`: quiet (errors only) by default,
 or, with ``$RECLOCK_SPARK_LOG`` naming a file, written there at INFO and kept out of the terminal.
 
@@ -35,7 +36,7 @@ __all__ = [
     "LEVELS",
     "PIPELINE",
     "batch_scope",
-    "configure",
+    "configured",
     "pipeline_scope",
     "spark_conf",
     "spark_log_level",
@@ -49,7 +50,7 @@ PIPELINE: ContextVar[str | None] = ContextVar("reclock_pipeline", default=None)
 #: The batch the current thread runs: its binding time (``None`` between batches).
 BATCH_ID: ContextVar[int | None] = ContextVar("reclock_batch_id", default=None)
 
-_HANDLER_NAME = "reclock-cli"
+_LOGGERS = ("reclock", "kafka")
 
 
 @contextlib.contextmanager
@@ -120,22 +121,30 @@ def _utc(created: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created * 1000) % 1000:03d}Z"
 
 
-def configure(level: str = "WARNING", fmt: str = "text", stream: TextIO | None = None) -> None:
-    """Send the ``reclock`` loggers' records at ``level`` and above to ``stream`` (stderr).
+@contextlib.contextmanager
+def configured(level: str = "WARNING", fmt: str = "text", stream: TextIO | None = None) -> Iterator[None]:
+    """While inside, send the records of reclock's (and kafka-python's) loggers at ``level`` and
+    above to ``stream`` (stderr).
 
-    Called once by the CLI; calling it again replaces the handler it installed, so tests and
-    embedding code can reconfigure. ``level`` and ``fmt`` are checked by the CLI's parser.
+    The CLI runs each command inside; on the way out the loggers are as they were, so calling
+    :func:`reclock.cli.main` in a process (a test, an embedding application) leaves its logging
+    alone. Records still propagate to the root logger, whose handlers, if any, are the caller's.
+    ``level`` and ``fmt`` are checked by the CLI's parser.
     """
-    logger = logging.getLogger("reclock")
-    for handler in [h for h in logger.handlers if h.get_name() == _HANDLER_NAME]:
-        logger.removeHandler(handler)
     handler = logging.StreamHandler(stream or sys.stderr)
-    handler.set_name(_HANDLER_NAME)
     handler.addFilter(_Context())
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
+    loggers = [logging.getLogger(name) for name in _LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, previous in zip(loggers, levels, strict=True):
+            logger.removeHandler(handler)
+            logger.setLevel(previous)
 
 
 def spark_log_level(env: Mapping[str, str] = os.environ) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -102,3 +103,10 @@ def test_help_shows_no_restructured_text_markup(command, capsys):
         main([*command, "--help"])
     shown = capsys.readouterr().out
     assert shown.startswith("usage: reclock") and not re.search(r"``|:(func|class|mod):", shown), shown
+
+
+def test_main_called_in_a_process_leaves_its_logging_as_it_was(tmp_path, capsys):
+    loggers = [logging.getLogger(name) for name in ("reclock", "kafka")]
+    before = [(logger.level, list(logger.handlers), logger.propagate) for logger in loggers]
+    assert main(["--lake", str(tmp_path / "lake"), "--log-level", "DEBUG", "status"]) == 0
+    assert [(logger.level, list(logger.handlers), logger.propagate) for logger in loggers] == before
