@@ -29,7 +29,6 @@ from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
 from reclock.maintenance import MaintenanceReport
 from reclock.maintenance import maintain as run_maintenance
-from reclock.metrics import Metrics
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
@@ -252,8 +251,11 @@ def _run(
     started = time.monotonic()
     first_offsets: dict[str, int] = {}
     last_health = [pipeline.health]
-    metrics = Metrics(pipeline)
-    if config.metrics_port is not None:
+    metrics = None
+    if config.metrics_port is not None:  # prometheus_client costs a second of start-up: only when served
+        from reclock.metrics import Metrics
+
+        metrics = Metrics(pipeline)
         status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
     log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
@@ -265,7 +267,8 @@ def _run(
         for output, rows in report.rows.items():
             status.rows[output] = status.rows.get(output, 0) + rows
         _record_batch(tables, pipeline, report, first_offsets)
-        metrics.observe(report)
+        if metrics is not None:
+            metrics.observe(report)
         _log_batch(report)
         _publish(lake, pipeline, status)
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
@@ -281,7 +284,8 @@ def _run(
         stop.set()
         _record_state(tables, pipeline, config_json)
         tables.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
         _publish(lake, pipeline, status)
         lock.close()
         if progress is not None:
