@@ -122,12 +122,10 @@ def _count(text: str) -> int:
     return value
 
 
-def _from_env(env: str, choices: Sequence[str], default: str) -> str:
+def _from_env(env: str, normal: Callable[[str], str], default: str) -> str:
     """The default of a ``--log-*`` flag: ``$env`` if set (checked by :func:`_checked_env`), else ``default``."""
     value = os.environ.get(env, "").strip()
-    if not value:
-        return default
-    return value.upper() if choices is logs.LEVELS else value.lower()
+    return normal(value) if value else default
 
 
 def _checked_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -156,14 +154,14 @@ def _parser() -> argparse.ArgumentParser:
         "--log-level",
         type=str.upper,
         choices=logs.LEVELS,
-        default=_from_env("RECLOCK_LOG_LEVEL", logs.LEVELS, "WARNING"),
+        default=_from_env("RECLOCK_LOG_LEVEL", str.upper, "WARNING"),
         help="log lines at this level and above go to stderr (default: $RECLOCK_LOG_LEVEL, else WARNING)",
     )
     parser.add_argument(
         "--log-format",
         type=str.lower,
         choices=logs.FORMATS,
-        default=_from_env("RECLOCK_LOG_FORMAT", logs.FORMATS, "text"),
+        default=_from_env("RECLOCK_LOG_FORMAT", str.lower, "text"),
         help="text lines or one JSON object a line (default: $RECLOCK_LOG_FORMAT, else text)",
     )
     parser.add_argument(
