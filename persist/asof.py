@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from reclock.errors import ConfigError
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
@@ -54,7 +55,8 @@ def readable_upper(
     A *finished* pipeline (its source closed and every output holding the closing binding) never
     changes again, so like Materialize's empty frontier it holds nobody back: it contributes
     nothing, and if every pipeline is finished the result is :data:`CLOSED_UPPER`.
-    ``storage_options`` reach a lake in an object store (``s3://bucket/prefix``).
+    ``storage_options`` reach a lake in an object store (``s3://bucket/prefix``). A pipeline
+    the lake does not have raises :class:`~reclock.errors.ConfigError` naming it.
     """
     lake = Lake.at(lake, storage_options)
     names = [pipelines] if isinstance(pipelines, str) else pipelines
@@ -62,6 +64,7 @@ def readable_upper(
     for name in names:
         uppers = [output_upper(lake.output_path(name, o), sink_id(name, o), lake.store) for o in lake.outputs(name)]
         if not uppers:
+            _require(lake, name)
             return 0
         if is_finished(RemapTable(lake.remap_path(name), lake.store).bindings, resume_upper(uppers)):
             continue
@@ -142,6 +145,15 @@ def _plan(lake: Lake, pipeline: str, as_of: IntoTime) -> dict[str, DeltaTable]:
             raise _vacuumed(pipeline, output, as_of)
         tables[output] = lake.store.open_table(path, version=version)
     return tables
+
+
+def _require(lake: Lake, pipeline: str) -> None:
+    """A pipeline without outputs must at least exist (created, or minted once): a typo in its
+    name is an error, not an empty cut."""
+    if lake.store.exists(lake.definition_path(pipeline)) or lake.store.is_table(lake.remap_path(pipeline)):
+        return
+    known = ", ".join(lake.pipelines()) or "none"
+    raise ConfigError("pipeline", f"no pipeline {pipeline!r} in lake {lake.root} (known: {known})")
 
 
 def _vacuumed(pipeline: str, output: str, as_of: IntoTime) -> ValueError:

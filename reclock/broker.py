@@ -8,7 +8,7 @@ SIGTERM then SIGKILL), so several brokers and other engineers' processes never i
 The broker is ready when a kafka-python metadata call succeeds; if it does not come up within the
 timeout, :class:`BrokerError` carries the tail of its log. Tansu's quirks (wrong
 ``ListOffsets(LATEST)``, no ``CreatePartitions``, no ``DeleteRecords``) are documented in
-``../shared/reference/spark-delta-kafka-facts.md``; this module only starts and stops it.
+``docs/sources/kafka.md`` ("The embedded broker"); this module only starts and stops it.
 
 No Spark or Delta import here: the broker is usable from any test or script.
 """

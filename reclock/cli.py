@@ -8,30 +8,23 @@ piped into a reader that stops early (``reclock status | head -1``) ends quietly
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.metadata
 import math
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import NoReturn
 
-import pyarrow as pa
-
-from reclock import cli_control, detach, job
+from reclock import cli_control, cli_status, job, logs
 from reclock.config import expand_storage_options, load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
-from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
-from reclock.persist.lake import Lake, sink_id
-from reclock.persist.read import read_table
-from reclock.persist.status_tables import read_status_table
-from reclock.pipeline import BatchState
-from reclock.sources.base import ERRORS
+from reclock.persist.asof import read_as_of
+from reclock.persist.lake import Lake
 from reclock.status import DEAD, read_status
-from reclock.time import INTO_TS, OFFSET, PARTITION, label_upper
 
 __all__ = ["main"]
 
@@ -52,11 +45,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _checked_env(parser, args)
     if args.lake is None and args.func is not _create:
         args.lake = "lake"
     try:
-        return args.func(args)
+        with logs.configured(args.log_level, args.log_format):
+            return args.func(args)
     except ConfigError as exc:
         print(f"reclock: config error: {exc}", file=sys.stderr)
         return 2
@@ -119,8 +115,48 @@ def _count(text: str) -> int:
     return value
 
 
+def _from_env(env: str, normal: Callable[[str], str], default: str) -> str:
+    """The default of a ``--log-*`` flag: ``$env`` if set (checked by :func:`_checked_env`), else ``default``."""
+    value = os.environ.get(env, "").strip()
+    return normal(value) if value else default
+
+
+def _checked_env(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """argparse checks the choices of a flag given, not of a default taken from the environment."""
+    for flag, env, choices in (
+        ("log_level", "RECLOCK_LOG_LEVEL", logs.LEVELS),
+        ("log_format", "RECLOCK_LOG_FORMAT", logs.FORMATS),
+    ):
+        if getattr(args, flag) not in choices:
+            parser.error(f"${env} must be one of {', '.join(choices)}, got {os.environ[env].strip()!r}")
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("reclock")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="reclock", description=__doc__.split("\n")[0])
+    parser = _Parser(
+        prog="reclock", description="Create, start, stop and watch pipelines; `reclock demo` shows the whole path."
+    )
+    parser.add_argument("--version", action="version", version=f"reclock {_version()}")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=logs.LEVELS,
+        default=_from_env("RECLOCK_LOG_LEVEL", str.upper, "WARNING"),
+        help="log lines at this level and above go to stderr (default: $RECLOCK_LOG_LEVEL, else WARNING)",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=logs.FORMATS,
+        default=_from_env("RECLOCK_LOG_FORMAT", str.lower, "text"),
+        help="text lines or one JSON object a line (default: $RECLOCK_LOG_FORMAT, else text)",
+    )
     parser.add_argument(
         "--lake",
         default=os.environ.get("RECLOCK_LAKE"),
@@ -157,6 +193,11 @@ def _parser() -> argparse.ArgumentParser:
     start = commands.add_parser("start", help="run a pipeline until it finishes or is stopped")
     start.add_argument("name")
     start.add_argument("--max-seconds", type=_seconds, default=None, help="stop after this long")
+    start.add_argument(
+        "--metrics-host",
+        default=None,
+        help="address /metrics binds to, if the definition sets metrics_port (default: its metrics_host, 127.0.0.1)",
+    )
     start.set_defaults(func=_start)
 
     stop = commands.add_parser("stop", help="ask a running pipeline to stop after its in-flight batch")
@@ -167,7 +208,7 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="show the pipelines of the lake")
     status.add_argument("name", nargs="?")
     status.add_argument("--json", action="store_true", help="machine-readable output")
-    status.set_defaults(func=_status)
+    status.set_defaults(func=lambda args: cli_status.status(_lake(args), args))
 
     for name, about in (
         ("batches", "the latest batches of a pipeline, one row per batch partition"),
@@ -178,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
         table.add_argument("name")
         table.add_argument("--limit", type=_count, default=20, help="rows to show, newest first (0: all)")
         table.add_argument("--json", action="store_true", help="machine-readable output")
-        table.set_defaults(func=_show_table, table=name)
+        table.set_defaults(func=lambda args: cli_status.show_table(_lake(args), args), table=name)
 
     drop = commands.add_parser("drop-file", help="forget a loaded or skipped file so it is ingested again")
     drop.add_argument("name")
@@ -214,7 +255,9 @@ def _create(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     lake = _lake(args)
-    pipeline = job.run(lake, args.name, progress=sys.stderr, max_seconds=args.max_seconds)
+    pipeline = job.run(
+        lake, args.name, progress=sys.stdout, max_seconds=args.max_seconds, metrics_host=args.metrics_host
+    )
     if pipeline.health is Health.FAILED:
         print(f"reclock: pipeline {args.name!r} failed (state Error): {pipeline.last_error}", file=sys.stderr)
         return 1
@@ -248,85 +291,6 @@ def _maintain(args: argparse.Namespace) -> int:
     return 0
 
 
-_COLUMNS = {
-    "batches": [
-        "batch_id",
-        "state",
-        "partition",
-        "rows",
-        "bytes",
-        "earliest_offset",
-        "latest_offset",
-        "start_ms",
-        "duration_ms",
-        "read_ms",
-        "commit_ms",
-        "error",
-    ],
-    "files": ["path", "generation", "size", "state", "into_ts", "reason"],
-    "errors": ["time_ms", "kind", "code", "message", "batch_id", "partition", "offset"],
-}
-
-
-def _show_table(args: argparse.Namespace) -> int:
-    lake = _lake(args)
-    if args.table == "files":
-        rows = [asdict(s) for s in job.file_states(lake, args.name)]  # derived from the lake, newest first
-    else:
-        job.load(lake, args.name)
-        rows = read_status_table(lake, args.table, args.name).to_pylist()
-        if args.table == "batches":
-            rows = _settled(rows)
-        if args.table == "errors":
-            rows = sorted(rows + _record_errors(lake, args.name), key=lambda r: r["time_ms"] or 0)
-        rows = rows[::-1]
-    rows = rows[: args.limit or None]
-    if args.json:
-        print(json.dumps(rows, indent=1, default=str))
-        return 0
-    columns = _COLUMNS[args.table]
-    print(_table(columns, [[_cell(c, row.get(c)) for c in columns] for row in rows]))
-    return 0
-
-
-def _settled(rows: list[dict]) -> list[dict]:
-    """Batch rows, oldest first, without an ``In Progress`` row once its batch has a later row."""
-    last = {row["batch_id"]: i for i, row in enumerate(rows)}
-    return [row for i, row in enumerate(rows) if row["state"] != BatchState.IN_PROGRESS or last[row["batch_id"]] == i]
-
-
-def _record_errors(lake: Lake, name: str) -> list[dict]:
-    """Rows of the pipeline's ``_errors`` output, shaped like the errors status table."""
-    path = lake.output_path(name, ERRORS)
-    if not lake.store.is_table(path):
-        return []
-    table = read_table(
-        lake.store.open_table(path), columns=["kind", "message", PARTITION, OFFSET, INTO_TS], store=lake.store
-    )
-    return [
-        {
-            "time_ms": r[INTO_TS],
-            "kind": r["kind"],
-            "code": "record",
-            "message": r["message"],
-            "batch_id": r[INTO_TS],
-            "partition": r[PARTITION],
-            "offset": r[OFFSET],
-        }
-        for r in table.to_pylist()
-    ]
-
-
-def _cell(column: str, value: object) -> str:
-    if value is None:
-        return ""
-    if column in ("start_ms", "time_ms") and isinstance(value, int):
-        return _when(value)
-    if isinstance(value, str) and len(value) > 80:
-        return value[:77] + "..."
-    return str(value)
-
-
 def _stop(args: argparse.Namespace) -> int:
     lake = _lake(args)
     job.load(lake, args.name)
@@ -342,143 +306,32 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
-def _status(args: argparse.Namespace) -> int:
-    lake = _lake(args)
-    names = [args.name] if args.name else lake.pipelines()
-    if args.name:
-        job.load(lake, args.name)
-    rows = [_pipeline_status(lake, name) for name in names]
-    if args.json:
-        print(json.dumps(rows, indent=1))
-        return 0
-    if not rows:
-        print(f"no pipelines in {lake.root}")
-        return 0
-    print(
-        _table(
-            ["pipeline", "health", "finished", "batches", "readable upper", "bindings", "last error"],
-            [
-                [
-                    r["pipeline"],
-                    r["health"],
-                    "yes" if r["finished"] else "no",
-                    r["batches"],
-                    _when(r["readable_upper"]),
-                    r["bindings"],
-                    r["unreadable"] or r["last_error"] or "",
-                ]
-                for r in rows
-            ],
-        )
-    )
-    for r in rows:
-        print(f"\n{r['pipeline']} outputs:")
-        print(
-            _table(
-                ["output", "rows", "upper"],
-                [[o, "?" if n is None else f"{n:,}", _when(u)] for o, (n, u) in r["outputs"].items()],
-            )
-        )
-    return 0
-
-
-def _pipeline_status(lake: Lake, name: str) -> dict:
-    """One pipeline's row; an output that cannot be read is named in ``unreadable``, not raised,
-    so that one broken table does not hide the rest of the lake."""
-    status = read_status(lake, name) or {}
-    outputs: dict[str, tuple[int | None, int | None]] = {}
-    problems = []
-    for output in lake.outputs(name):
-        try:
-            outputs[output] = _output_status(lake, name, output)
-        except Exception as exc:  # a corrupt or unreadable table: report it, go on with the others
-            outputs[output] = (None, None)
-            problems.append(f"cannot read output {output!r}: {_first_line(exc)}")
-    upper = None
-    if not problems:
-        try:
-            upper = readable_upper(lake, name)
-        except Exception as exc:
-            problems.append(f"cannot read the remap table: {_first_line(exc)}")
-    return {
-        "pipeline": name,
-        "health": "detached" if detach.is_detached(lake, name) else status.get("health", "created"),
-        "finished": status.get("finished", False),
-        "batches": status.get("batches", 0),
-        "bindings": status.get("bindings", 0),
-        "readable_upper": upper,
-        "resume_frontier": status.get("resume_frontier", "{}"),
-        "last_error": status.get("last_error"),
-        "last_maintenance": status.get("last_maintenance"),
-        "unreadable": "; ".join(problems) or None,
-        "outputs": outputs,
-    }
-
-
-def _first_line(exc: Exception) -> str:
-    """``Type: message`` without what follows its first line (delta-rs appends a backtrace)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"
-
-
-def _output_status(lake: Lake, name: str, output: str) -> tuple[int, int]:
-    """Rows in the output's latest version and its upper (label + 1).
-
-    Row counts come from each add action's statistics; a file committed without them (another
-    writer may leave them out) is counted from its parquet footer instead.
-    """
-    root = lake.output_path(name, output)
-    table = lake.store.open_table(root)
-    label = table.transaction_version(sink_id(name, output))
-    count = 0
-    if table.file_uris():
-        actions = pa.table(table.get_add_actions())
-        for path, records in zip(
-            actions.column("path").to_pylist(), actions.column("num_records").to_pylist(), strict=True
-        ):
-            count += records if records is not None else lake.store.parquet_rows(root / path)
-    return count, label_upper(label)
-
-
 def _demo(args: argparse.Namespace) -> int:
     from reclock.demo import run_demo
 
     as_of = run_demo(
-        _lake(args), events=args.events, rate=args.rate, engine=args.engine, out=sys.stderr, source=args.source
+        _lake(args), events=args.events, rate=args.rate, engine=args.engine, out=sys.stdout, source=args.source
     )
     if as_of is None:
         return 1
     cut = read_as_of(_lake(args), "demo", as_of)
-    print(f"\nconsistent as-of read of every output at into time {as_of} ({_when(as_of)}):")
+    print(f"\nconsistent as-of read of every output at into time {as_of} ({cli_status.when(as_of)}):")
     print(
-        _table(
+        cli_status.table(
             ["output", "rows", "min _into_ts", "max _into_ts"],
-            [[name, f"{t.num_rows:,}", _when(_agg(t, min)), _when(_agg(t, max))] for name, t in cut.items()],
+            [
+                [
+                    name,
+                    f"{t.num_rows:,}",
+                    cli_status.when(cli_status.agg(t, min)),
+                    cli_status.when(cli_status.agg(t, max)),
+                ]
+                for name, t in cut.items()
+            ],
         )
     )
     print()
-    return _status(argparse.Namespace(lake=args.lake, storage_option=args.storage_option, name="demo", json=False))
-
-
-def _agg(table: pa.Table, fn) -> int | None:
-    values = table.column(INTO_TS).to_pylist()
-    return fn(values) if values else None
-
-
-def _when(ms: int | None) -> str:
-    if not ms:
-        return "-"
-    if ms >= CLOSED_UPPER:
-        return "closed (all times)"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
-
-
-def _table(header: list[str], rows: list[list[object]]) -> str:
-    cells = [header, *[[str(c) for c in row] for row in rows]]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return cli_status.status(_lake(args), argparse.Namespace(name="demo", json=False))
 
 
 if __name__ == "__main__":

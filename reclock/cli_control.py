@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict
 
-from reclock import detach, offset_control, redrive
+from reclock import cli_status, detach, offset_control, redrive
 from reclock.persist.lake import Lake
 
 __all__ = ["register"]
@@ -76,12 +76,7 @@ def _offsets(lake: Lake, args: argparse.Namespace) -> int:
         ]
         for r in rows
     ]
-    table = [header, *[[str(c) for c in row] for row in cells]]
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for i, row in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print(cli_status.table(header, cells))
     return 0
 
 

@@ -58,6 +58,7 @@ from reclock.windows import Window, parse_windows
 __all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_config", "parse_config", "redacted"]
 
 _ENGINES = ("spark", "local")
+_METRICS_KEYS = ("metrics_port", "metrics_host")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -82,6 +83,8 @@ class PipelineConfig:
     windows: tuple[Window, ...] = ()
     #: Per output: its partition columns and schema evolution policy (``[outputs.<name>]``).
     layouts: Mapping[str, OutputLayout] = field(default_factory=dict)
+    #: The address ``/metrics`` binds to: loopback unless the operator opens it on purpose.
+    metrics_host: str = "127.0.0.1"
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say, less
@@ -94,6 +97,8 @@ class PipelineConfig:
         }
         if self.metrics_port is not None:
             pipeline["metrics_port"] = self.metrics_port
+        if self.metrics_host != "127.0.0.1":  # stored only when set, so older definitions compare equal
+            pipeline["metrics_host"] = self.metrics_host
         pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
         return {
             "pipeline": pipeline,
@@ -146,7 +151,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     source = dict(_section(raw, "source", fail, required=True))
     _only(
         pipeline,
-        {"name", "lake", "engine", "status_retention_days", "metrics_port", *(f.name for f in fields(Settings))},
+        {"name", "lake", "engine", "status_retention_days", *_METRICS_KEYS, *(f.name for f in fields(Settings))},
         "pipeline.",
         fail,
     )
@@ -163,6 +168,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     metrics_port = _typed(pipeline, "metrics_port", int, "pipeline.", fail)
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         raise fail("pipeline.metrics_port", "must be a port number (0 picks a free one)")
+    metrics_host = _typed(pipeline, "metrics_host", str, "pipeline.", fail, default="127.0.0.1")
+    if not metrics_host.strip():
+        raise fail("pipeline.metrics_host", "must be an address to bind to, such as 127.0.0.1 or 0.0.0.0")
     if engine not in _ENGINES:
         raise fail("pipeline.engine", f"must be one of {', '.join(_ENGINES)}, got {engine!r}")
     knobs = {}
@@ -203,6 +211,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         storage_options,
         parse_windows(raw.get("windows"), file),
         _layouts(raw.get("outputs", {}), fail),
+        metrics_host=metrics_host,
     )
     from reclock.persist.lake import NAME_PATTERN
 

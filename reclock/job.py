@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
+from reclock import logs, status_rows
 from reclock.config import PipelineConfig, build_source, expand_storage_options, redacted
 from reclock.control import exclusive, load, request_stop
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
@@ -29,7 +30,6 @@ from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
 from reclock.maintenance import MaintenanceReport
 from reclock.maintenance import maintain as run_maintenance
-from reclock.metrics import Metrics
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import check_layouts
@@ -42,7 +42,7 @@ from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 from reclock.sources.files import FilesSource
 from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.status_restore import restore_history
-from reclock.time import encode_partition, wall_clock_ms
+from reclock.time import wall_clock_ms
 from reclock.windows import check_windows
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
@@ -189,9 +189,31 @@ def generations_file(lake: Lake, name: str) -> LakePath:
     return lake.control_dir(name) / "generations.json"
 
 
-def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: float | None = None) -> Pipeline:
-    """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
+def run(
+    lake: Lake,
+    name: str,
+    *,
+    progress: TextIO | None = None,
+    max_seconds: float | None = None,
+    metrics_host: str | None = None,
+) -> Pipeline:
+    """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
+
+    ``metrics_host`` overrides the definition's ``metrics_host`` for this run. Every line the job
+    logs on this thread names the pipeline (:mod:`reclock.logs`).
+    """
+    with logs.pipeline_scope(name):
+        pipeline = _run(lake, name, progress, max_seconds, metrics_host)
+        log.info("job ended: %s, %s", pipeline.health.value, "finished" if pipeline.finished else "not finished")
+        return pipeline
+
+
+def _run(
+    lake: Lake, name: str, progress: TextIO | None, max_seconds: float | None, metrics_host: str | None
+) -> Pipeline:
     config, created_at = load(lake, name)
+    if metrics_host is not None:
+        config = replace(config, metrics_host=metrics_host)
     lock = exclusive(lake, name)
     try:
         attach(lake, name)
@@ -225,14 +247,18 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
-    _record_state(tables, pipeline, config_json)
+    status_rows.record_state(tables, pipeline, config_json)
     restore_history(lake, tables, pipeline)
     started = time.monotonic()
     first_offsets: dict[str, int] = {}
     last_health = [pipeline.health]
-    metrics = Metrics(pipeline)
-    if config.metrics_port is not None:
-        status.metrics_port = metrics.serve(config.metrics_port)
+    metrics = None
+    if config.metrics_port is not None:  # prometheus_client costs a second of start-up: only when served
+        from reclock.metrics import Metrics
+
+        metrics = Metrics(pipeline)
+        status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
+    log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -241,8 +267,10 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
             status.last_maintenance = {"at_ms": wall_clock_ms(), **asdict(report.maintenance)}
         for output, rows in report.rows.items():
             status.rows[output] = status.rows.get(output, 0) + rows
-        _record_batch(tables, pipeline, report, first_offsets)
-        metrics.observe(report)
+        status_rows.record_batch(tables, pipeline, report, first_offsets)
+        if metrics is not None:
+            metrics.observe(report)
+        _log_batch(report)
         _publish(lake, pipeline, status)
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
@@ -253,16 +281,17 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
             stop,
             on_batch=on_batch,
             on_health=lambda p: _publish(lake, p, status),
-            on_start=lambda report: tables.append("batches", [_in_progress(pipeline, report)]),
+            on_start=lambda report: tables.append("batches", [status_rows.in_progress(pipeline, report)]),
         )
     except Exception:
         if pipeline.health is not Health.FAILED:
             raise
     finally:
         stop.set()
-        _record_state(tables, pipeline, config_json)
+        status_rows.record_state(tables, pipeline, config_json)
         tables.close()
-        metrics.close()
+        if metrics is not None:
+            metrics.close()
         _publish(lake, pipeline, status)
         lock.close()
         if progress is not None:
@@ -273,126 +302,14 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     return pipeline
 
 
-def _record_state(tables: StatusTables, pipeline: Pipeline, config_json: str) -> None:
-    state = {Health.FAILED: "Error", Health.STOPPED: "Stopped"}.get(pipeline.health, "Running")
-    tables.append(
-        "pipelines",
-        [
-            {
-                "pipeline": pipeline.name,
-                "state": state,
-                "health": pipeline.health.value,
-                "finished": pipeline.finished,
-                "config": config_json,
-                "last_error": pipeline.last_error,
-            }
-        ],
-    )
-
-
-def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, first: dict[str, int]) -> None:
-    """Rows for ``batches`` (one per split), ``errors`` (failed splits), ``files`` and ``offsets``.
-
-    ``first`` remembers, per partition, the first offset this job loaded: the ``earliest`` column.
-    """
+def _log_batch(report: BatchReport) -> None:
+    """INFO for a batch that committed, DEBUG for an idle step; failures are logged where they happen."""
     if report.idle:
-        return
-    phases = {f"{phase}_ms": ms for phase, ms in report.phases.items()}
-    rows = []
-    for r in report.results:
-        rows.append(
-            {
-                "pipeline": pipeline.name,
-                "batch_id": report.binding_ts,
-                "state": report.state.value if not r.error else BatchState.FAILED.value,
-                "partition": r.partition,
-                "rows": r.rows,
-                "bytes": r.bytes_read,
-                "earliest_offset": r.earliest,
-                "latest_offset": r.latest,
-                "start_ms": r.started_ms,
-                "duration_ms": r.duration_ms,
-                "error": r.error,
-                **phases,
-            }
-        )
-    if not report.results:
-        rows.append(
-            {
-                "pipeline": pipeline.name,
-                "batch_id": report.binding_ts,
-                "state": BatchState.NO_DATA.value,
-                "rows": 0,
-                "bytes": 0,
-                "start_ms": report.started_ms,
-                "duration_ms": report.duration_ms,
-                **phases,
-            }
-        )
-    tables.append("batches", rows)
-    failed = [r for r in report.results if r.error]
-    tables.append(
-        "errors",
-        [
-            {
-                "pipeline": pipeline.name,
-                "kind": f"batch {r.error_kind}",
-                "code": (r.error or "").split(":", 1)[0],
-                "message": r.error,
-                "batch_id": report.binding_ts,
-                "partition": r.partition,
-                "offset": r.split.start,
-            }
-            for r in failed
-        ],
-    )
-    files = []
-    if report.state is BatchState.SUCCEEDED:
-        files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in report.results]
-        files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
-        for r in report.results:
-            if r.earliest is not None:
-                first[r.partition] = min(first.get(r.partition, r.earliest), r.earliest)
-        resume = pipeline.resume_frontier()
-        tables.append(
-            "offsets",
-            [
-                {
-                    "pipeline": pipeline.name,
-                    "partition": encode_partition(p),
-                    "earliest": first.get(encode_partition(p)),
-                    "latest": o,
-                    "latest_loaded": o if resume.is_closed else resume.offset(p),
-                }
-                for p, o in report.upper.items()
-            ],
-        )
-    tables.append("files", [row for row in files if row is not None])
-
-
-def _in_progress(pipeline: Pipeline, report: BatchReport) -> dict:
-    """The ``batches`` row of a planned batch; ``reclock batches`` hides it once the batch ends."""
-    return {
-        "pipeline": pipeline.name,
-        "batch_id": report.binding_ts,
-        "state": BatchState.IN_PROGRESS.value,
-        "start_ms": report.started_ms,
-        **{f"{phase}_ms": ms for phase, ms in report.phases.items()},
-    }
-
-
-def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, report: BatchReport) -> dict | None:
-    if not pipeline.source.is_file_source or not isinstance(partition, tuple):
-        return None
-    path, generation = partition
-    return {
-        "pipeline": pipeline.name,
-        "path": path,
-        "generation": generation,
-        "size": size,
-        "state": state,
-        "batch_id": report.binding_ts,
-    }
+        log.debug("idle: no new data")
+    elif report.state is BatchState.SUCCEEDED:
+        rows = ", ".join(f"{output} {n}" for output, n in sorted(report.rows.items()))
+        with logs.batch_scope(report.binding_ts):
+            log.info("committed in %d ms, rows: %s", report.duration_ms, rows or "none")
 
 
 def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:

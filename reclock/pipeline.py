@@ -44,6 +44,7 @@ from reclock.errors import (
     describe,
 )
 from reclock.health import Health
+from reclock.logs import BATCH_ID, batch_scope
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
 from reclock.persist.evolution import SchemaEvolutionError, refuse_new_fields
@@ -168,7 +169,8 @@ class Pipeline:
         if not self.pending:
             minted = self.minter.probe_and_mint(stop)
             self._on_step("minted")
-        report = self._run_batch()
+        with batch_scope():  # log lines of this step name its batch (set once it is planned)
+            report = self._run_batch()
         report.phases = {**minted, **report.phases}
         if not report.idle:
             # At once (a stop loses none), and before optimize merges the batch's small files.
@@ -340,6 +342,7 @@ class Pipeline:
         if batch is None:
             return BatchReport()
         hi, lower, upper = batch.hi, batch.lower, batch.upper
+        BATCH_ID.set(hi)
         moved = batch.moved
         skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= hi]
         splits = without_skips(self.source.splits(lower, upper), skips) if moved else []

@@ -26,6 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reclock.logs import spark_conf, spark_log_level
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -39,6 +41,8 @@ def spark_session(
 
     Under ``spark-submit`` (see :mod:`reclock.submit`) the master is spark-submit's, and
     ``master`` is ignored; ``conf`` applies on top of spark-submit's settings either way.
+    Spark's own log is quiet from the JVM's first line, or in ``$RECLOCK_SPARK_LOG``
+    (:func:`reclock.logs.spark_conf`); a ``spark.driver.extraJavaOptions`` in ``conf`` replaces that.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -54,10 +58,11 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
     )
-    for key, value in (conf or {}).items():
+    settings = dict(conf or {}) if under_spark_submit() else {**spark_conf(), **(conf or {})}
+    for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
+    session.sparkContext.setLogLevel(spark_log_level())
     if ship and runs_elsewhere(session.sparkContext.master):
         folder = tempfile.mkdtemp(prefix="reclock-ship-")
         atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served to executors until the job ends

@@ -14,7 +14,7 @@ import pytest
 from reclock.cli import main
 from reclock.config import load_config
 from reclock.errors import ConfigError
-from reclock.persist.asof import CLOSED_UPPER
+from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 
 GOOD = """
 [pipeline]
@@ -92,6 +92,15 @@ def test_start_runs_a_bounded_pipeline_to_the_end_and_status_shows_it(tmp_path, 
     assert sum(rows for name, (rows, _) in status["outputs"].items()) == 20_000
     assert len({upper for _, upper in status["outputs"].values()}) == 1  # every output holds the closing binding
     assert status["readable_upper"] == CLOSED_UPPER  # a finished pipeline holds no reader back
+
+
+def test_as_of_reads_of_a_pipeline_the_lake_lacks_name_it_instead_of_returning_nothing(tmp_path):
+    assert main(["create", str(write(tmp_path, GOOD))]) == 0
+    lake = tmp_path / "lake"
+    assert readable_upper(lake, "orders") == 0  # created, never started: no cut yet, and no error
+    for read in (lambda: readable_upper(lake, "ordres"), lambda: read_as_of(lake, "ordres", -1)):
+        with pytest.raises(ConfigError, match=r"no pipeline 'ordres' in lake .* \(known: orders\)"):
+            read()
 
 
 def start_running_job(tmp_path) -> tuple[subprocess.Popen, object]:

@@ -9,6 +9,7 @@ from collections import defaultdict
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
+from prometheus_client.parser import text_string_to_metric_families as parse
 
 from reclock import job
 from reclock.config import parse_config
@@ -110,9 +111,10 @@ def test_metrics_endpoint_serves_prometheus_text(tmp_path):
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         metrics.close()
-    assert 'reclock_rows_total{pipeline="p",output="clicks"} 2' in body
-    assert 'reclock_batches_total{pipeline="p",state="Succeeded"} 1' in body
-    assert 'reclock_lag_offsets{pipeline="p"} 0' in body
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in parse(body) for s in f.samples}
+    assert samples[("reclock_rows_total", (("output", "clicks"), ("pipeline", "p")))] == 2
+    assert samples[("reclock_batches_total", (("pipeline", "p"), ("state", "Succeeded")))] == 1
+    assert samples[("reclock_lag_offsets", (("pipeline", "p"),))] == 0
 
 
 def test_batch_rows_a_killed_job_never_flushed_are_restored_from_the_lake_on_start(tmp_path):
