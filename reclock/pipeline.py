@@ -463,7 +463,7 @@ class Pipeline:
     def _fail(self, exc: BaseException) -> None:
         self.health = Health.FAILED
         self.last_error = describe(exc)
-        log.error("pipeline %s failed: %s", self.name, self.last_error)
+        log.error("pipeline %s failed (state Error): %s", self.name, self.last_error)
 
 
 def _ms_since(clock: float) -> tuple[int, float]:
