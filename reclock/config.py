@@ -25,6 +25,9 @@ Example::
     history_minutes = 0        # upsert outputs' as-of reads and time travel stay exact this far back
     target_file_mb = 128       # optimize compacts output files to about this size
 
+    [lease]                    # optional: the job's lease in the lake (one driver per pipeline)
+    ttl_seconds = 30.0         # renewed every third of it; another driver may take over after it
+
     [source]
     kind = "generator"
     rate = 20000
@@ -44,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from reclock.errors import ConfigError
+from reclock.persist.lease import DEFAULT_TTL_S
 from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
@@ -52,6 +56,7 @@ from reclock.sources.base import Source
 __all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_config", "parse_config", "redacted"]
 
 _ENGINES = ("spark", "local")
+_MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -69,6 +74,7 @@ class PipelineConfig:
     small_batch_offsets: int = 20_000
     maintenance: Maintenance = field(default_factory=Maintenance)
     spark_background_start: bool = True
+    lease_ttl_s: float = DEFAULT_TTL_S
     #: How ``create`` reaches an object-store lake, as written (``${NAME}`` not expanded). Not part
     #: of the stored definition: they say how to reach the lake, which a reader of it already knew.
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -95,7 +101,7 @@ class PipelineConfig:
             },
             "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
             "source": dict(self.source),
-        }
+        } | ({"lease": {"ttl_seconds": self.lease_ttl_s}} if self.lease_ttl_s != DEFAULT_TTL_S else {})
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -123,7 +129,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
 
-    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options"}, "", fail)
+    _only(raw, {"pipeline", "spark", "maintenance", "lease", "source", "storage_options"}, "", fail)
     pipeline = _section(raw, "pipeline", fail, required=True)
     storage_options = dict(_section(raw, "storage_options", fail))
     try:
@@ -132,6 +138,11 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         raise fail(exc.field, exc.reason) from None
     spark = _section(raw, "spark", fail)
     maintenance = _maintenance(_section(raw, "maintenance", fail), fail)
+    lease = _section(raw, "lease", fail)
+    _only(lease, {"ttl_seconds"}, "lease.", fail)
+    ttl = _typed(lease, "ttl_seconds", float, "lease.", fail, default=DEFAULT_TTL_S)
+    if not _MIN_TTL_S <= ttl < math.inf:
+        raise fail("lease.ttl_seconds", f"must be a finite number of seconds >= {_MIN_TTL_S:g}, got {ttl!r}")
     source = dict(_section(raw, "source", fail, required=True))
     _only(
         pipeline,
@@ -189,6 +200,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         small,
         maintenance,
         background,
+        ttl,
         storage_options,
     )
     from reclock.persist.lake import NAME_PATTERN

@@ -9,7 +9,6 @@ status snapshot and, on a terminal, one progress line.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import logging
@@ -23,7 +22,7 @@ from typing import Any, TextIO
 
 from reclock.config import PipelineConfig, build_source, expand_storage_options, parse_config, redacted
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
-from reclock.errors import ConfigError, ReclockError, StorageError
+from reclock.errors import ConfigError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
 from reclock.maintenance import MaintenanceReport
@@ -31,6 +30,7 @@ from reclock.maintenance import maintain as run_maintenance
 from reclock.metrics import Metrics
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
+from reclock.persist.lease import Lease
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
@@ -144,21 +144,23 @@ def maintain(
     """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
 
     A running job maintains its own tables on its schedule, between its batches; a second process
-    doing it beside the job could make the job's MERGE conflict and retry, so the job lock is
-    taken here and a running pipeline is refused.
+    doing it beside the job could make the job's MERGE conflict and retry, so the job's lease is
+    taken here (:mod:`reclock.persist.lease`) and a running pipeline is refused.
     """
     config, _ = load(lake, name)
     policy = config.maintenance
     if history_minutes is not None:
         policy = replace(policy, history_minutes=history_minutes)
-    lock = _exclusive(lake, name)
+    lease = Lease.acquire(lake, name, config.lease_ttl_s)
+    lease.start_renewing()
     try:
+        lease.check()
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name), lake.store)
         return run_maintenance(remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum)
     finally:
-        lock.close()
+        lease.release()
 
 
 def _source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
@@ -196,9 +198,31 @@ def generations_file(lake: Lake, name: str) -> LakePath:
 
 
 def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: float | None = None) -> Pipeline:
-    """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass."""
+    """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
+
+    The job holds the pipeline's lease in the lake for its whole life (another live driver's is a
+    :class:`~reclock.persist.lease.LeaseHeld` refusal), renews it in the background, and checks it
+    before every durable write: a job that lost it stops before its next commit, as failed, and
+    writes no status over its successor's.
+    """
     config, created_at = load(lake, name)
-    lock = _exclusive(lake, name)
+    lease = Lease.acquire(lake, name, config.lease_ttl_s)
+    lease.start_renewing()
+    try:
+        return _run_leased(lake, name, config, created_at, lease, progress, max_seconds)
+    finally:
+        lease.release()
+
+
+def _run_leased(
+    lake: Lake,
+    name: str,
+    config: PipelineConfig,
+    created_at: int,
+    lease: Lease,
+    progress: TextIO | None,
+    max_seconds: float | None,
+) -> Pipeline:
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds).
     _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
@@ -214,11 +238,12 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         data_plane=_data_plane(config, source),
         settings=config.settings,
         maintenance=config.maintenance,
+        fence=lease.check,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
         target=_watch,
-        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: _heartbeat(lake, status)),
+        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: lease.lost or _heartbeat(lake, status)),
         daemon=True,
     )
     watcher.start()
@@ -233,6 +258,10 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     if config.metrics_port is not None:
         status.metrics_port = metrics.serve(config.metrics_port)
 
+    def publish(p: Pipeline) -> None:
+        if not lease.lost:
+            _publish(lake, p, status)
+
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
             status.batches += 1
@@ -242,23 +271,23 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
             status.rows[output] = status.rows.get(output, 0) + rows
         _record_batch(tables, pipeline, report, first_offsets)
         metrics.observe(report)
-        _publish(lake, pipeline, status)
+        publish(pipeline)
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
         last_health[0] = pipeline.health
 
     try:
-        pipeline.run(stop, on_batch=on_batch, on_health=lambda p: _publish(lake, p, status))
+        pipeline.run(stop, on_batch=on_batch, on_health=publish)
     except Exception:
         if pipeline.health is not Health.FAILED:
             raise
     finally:
         stop.set()
-        _record_state(tables, pipeline, config_json)
+        if not lease.lost:  # the pipeline's state and snapshot are its new driver's to say now
+            _record_state(tables, pipeline, config_json)
         tables.close()
         metrics.close()
-        _publish(lake, pipeline, status)
-        lock.close()
+        publish(pipeline)
         if progress is not None:
             progress.write("\n")
             progress.flush()
@@ -373,29 +402,6 @@ def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, repo
         "state": state,
         "batch_id": report.binding_ts,
     }
-
-
-def _exclusive(lake: Lake, name: str) -> TextIO:
-    """Hold the pipeline's job lock for this process's lifetime (the OS drops it if we die).
-
-    Only one driver may run a pipeline; the sinks fence a second one anyway (on any machine), but
-    refusing it up front on the same machine gives a clear message instead of a stalled job. The
-    lock is held on a read-only descriptor (``flock`` does not need write access) and the holder's
-    pid written through another, short-lived one, so a running job keeps no lake file open for
-    writing between its writes: an operator can remount the lake read-only, and the job stalls.
-    """
-    path = lake.job_lock_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    handle = open(path)  # noqa: SIM115 - held open on purpose until the job ends
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ReclockError(f"pipeline {name!r} is already running ({holder}); stop it first") from None
-    path.write_text(f"pid {os.getpid()}")
-    return handle
 
 
 def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:

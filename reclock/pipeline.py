@@ -48,6 +48,7 @@ from reclock.health import Health
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
+from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
@@ -116,7 +117,11 @@ class Pipeline:
         maintenance: Maintenance | None = None,
         now: Callable[[], int] = wall_clock_ms,
         on_step: Callable[[str], None] | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> None:
+        """``fence`` is called before every durable write (a binding, a commit, skips, maintenance)
+        and raises :class:`~reclock.persist.lease.LeaseLost` once this driver no longer owns the
+        pipeline: the job's lease check, so a driver that lost its lease stops instead of writing."""
         if not NAME_PATTERN.match(name):
             raise ConfigError("name", f"pipeline name {name!r} must be an identifier of at most 64 characters")
         self.name = name
@@ -130,6 +135,7 @@ class Pipeline:
         self.last_error: str | None = None
         self._now = now
         self._on_step = on_step or (lambda step: None)
+        self._fence = fence or (lambda: None)
         self.outputs = _outputs_of(source)
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
@@ -182,6 +188,7 @@ class Pipeline:
         return self._step(None)
 
     def _step(self, stop: threading.Event | None) -> BatchReport:
+        self._fence()
         if not self.pending:
             self.minter.probe_and_mint(stop)
             self._on_step("minted")
@@ -195,6 +202,7 @@ class Pipeline:
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
         """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
         self._batches_since_maintenance = 0
+        self._fence()
         outputs = {name: sink.path for name, sink in self.sinks.items()}
         report = maintain(
             self.remap, outputs, self.resume_upper, self._now(), self.maintenance, optimize=optimize, vacuum=vacuum
@@ -312,7 +320,7 @@ class Pipeline:
                 observe(exc.report)
                 self._backoff(stop, stalls)
                 continue
-            except (DefiniteSourceError, AssertionError) as exc:
+            except (DefiniteSourceError, AssertionError, LeaseLost) as exc:
                 self._fail(exc)
                 observe(None)
                 raise
@@ -386,6 +394,7 @@ class Pipeline:
             by_output[f.output].append(f)
         for name, sink in self.sinks.items():
             if sink.upper <= hi:
+                self._fence()
                 sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
@@ -424,6 +433,7 @@ class Pipeline:
             for r in report.results
             if r.error
         ]
+        self._fence()
         recorded = self.remap.record_skips(skips)
         log.warning(
             "pipeline %s: skipped %d ranges of batch %s after %d attempts",
