@@ -29,6 +29,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from reclock.errors import ConfigError, ReclockError, StorageError
@@ -129,7 +130,10 @@ def _request(
         host, uri = f"{path.bucket}.{base.netloc}", f"/{key}"
     else:
         host, uri = base.netloc, f"/{urllib.parse.quote(path.bucket, safe='-_.~')}/{key}"
-    headers = {**(extra or {}), **_signed(options, method, host, uri, body, region)}
+    signed = _signed(options, method, host, uri, body, region, datetime.datetime.now(datetime.UTC))
+    headers = {**(extra or {}), **signed}
+    if body:
+        headers["Content-Type"] = "application/json"  # not urllib's form type, which servers may parse
     request = urllib.request.Request(f"{base.scheme}://{host}{uri}", data=body or None, method=method, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=_TIMEOUT_S) as response:
@@ -141,8 +145,10 @@ def _request(
         raise StorageError(f"could not reach the store for {path}: {exc} (the job retries)") from exc
 
 
-def _signed(options: dict[str, str], method: str, host: str, uri: str, body: bytes, region: str) -> dict[str, str]:
-    """The headers that authenticate one request (AWS Signature Version 4, service ``s3``)."""
+def _signed(
+    options: Mapping[str, str], method: str, host: str, uri: str, body: bytes, region: str, now: datetime.datetime
+) -> dict[str, str]:
+    """The headers that authenticate one request at ``now`` (AWS Signature Version 4, service ``s3``)."""
     key_id, secret = options.get("access_key_id"), options.get("secret_access_key")
     if not key_id or not secret:
         raise ConfigError(
@@ -150,7 +156,6 @@ def _signed(options: dict[str, str], method: str, host: str, uri: str, body: byt
             "the lake's lease needs credentials: set access_key_id and secret_access_key "
             "(or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
         )
-    now = datetime.datetime.now(datetime.UTC)
     stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
     payload = hashlib.sha256(body).hexdigest()
     headers = {"host": host, "x-amz-content-sha256": payload, "x-amz-date": stamp}

@@ -177,3 +177,33 @@ def test_the_ttl_is_configured_in_a_lease_section_validated_in_one_line(tmp_path
         with pytest.raises(ConfigError) as bad:
             parse_config({**base, "lease": section}, file="p.toml")
         assert str(bad.value) == f"p.toml: {expected}"
+
+
+def test_the_lease_requests_to_an_object_store_are_signed_as_botocore_signs_them():
+    """The conditional PUTs are signed here (pyarrow cannot send If-Match): the signature must be
+    the one AWS's own SDK computes for the same request, or a real S3 would refuse every lease."""
+    import datetime
+
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    options = {"access_key_id": "AKIDEXAMPLE", "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}
+    now = datetime.datetime(2026, 11, 23, 7, 30, 5, tzinfo=datetime.UTC)
+    body = b'{"lease": 1}'
+    for token in (None, "a-session-token"):
+        opts = options | ({"session_token": token} if token else {})
+        uri = "/bucket/lake/p%20q/lease.json"
+        mine = conditional._signed(opts, "PUT", "127.0.0.1:9000", uri, body, "eu-west-1", now)
+        request = AWSRequest(
+            "PUT",
+            f"http://127.0.0.1:9000{uri}",
+            data=body,
+            headers={k: v for k, v in mine.items() if k != "Authorization"},
+        )
+        request.context["timestamp"] = mine["x-amz-date"]
+        credentials = Credentials(options["access_key_id"], options["secret_access_key"], token)
+        auth = S3SigV4Auth(credentials, "s3", "eu-west-1")
+        expected = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
+        assert mine["Authorization"].endswith(f"Signature={expected}")
+        assert "x-amz-security-token" in mine["Authorization"] or token is None
