@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from reclock.errors import ConfigError, ReclockError, StorageError
+from reclock.persist.storage import lake_io
 from reclock.persist.store import LakePath, Store, StorePath
 
 __all__ = ["Conflict", "Tagged", "put", "read"]
@@ -50,10 +51,11 @@ class Conflict(ReclockError):
 def read(store: Store, path: LakePath) -> Tagged | None:
     """The file's text and tag, or ``None`` if there is none."""
     if isinstance(path, Path):
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            return None
+        with lake_io(f"reading {path.name}"):
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                return None
         return text, _digest(text)
     status, headers, body = _request(store, "GET", path)
     if status == 404:
@@ -69,7 +71,8 @@ def put(store: Store, path: LakePath, text: str, tag: str | None) -> str:
     store cannot be reached or refuses for another reason.
     """
     if isinstance(path, Path):
-        return _put_local(path, text, tag)
+        with lake_io(f"writing {path.name}"):
+            return _put_local(path, text, tag)
     condition = {"If-None-Match": "*"} if tag is None else {"If-Match": tag}
     status, headers, _ = _request(store, "PUT", path, text.encode("utf-8"), condition)
     # 412: the compare failed; 409: a concurrent conditional write to the same key is in flight
