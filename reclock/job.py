@@ -154,7 +154,6 @@ def maintain(
     lease = Lease.acquire(lake, name, config.lease_ttl_s)
     lease.start_renewing()
     try:
-        lease.check()
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name), lake.store)
