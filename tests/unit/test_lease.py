@@ -64,13 +64,13 @@ def test_an_expired_lease_is_taken_over_and_its_old_holder_finds_it_lost(tmp_pat
 
 def test_renewal_extends_the_expiry_and_keeps_the_lease_across_many_renewals(tmp_path):
     lake = Lake.at(tmp_path)
-    lease = Lease.acquire(lake, "p", 2)
+    lease = Lease.acquire(lake, "p", 3)
     lease.start_renewing()
     first = lease.record.expires_ms
-    time.sleep(2.5)  # longer than the ttl: only renewals keep it
+    time.sleep(3.5)  # longer than the ttl: only renewals keep it
     assert read_lease(lake, "p").expires_ms > first + 500
     with pytest.raises(LeaseHeld):
-        Lease.acquire(lake, "p", 2)
+        Lease.acquire(lake, "p", 3)
     lease.check()
     lease.release()
     assert not read_lease(lake, "p").live(wall_clock_ms())
