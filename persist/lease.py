@@ -69,17 +69,17 @@ class Holder:
     def this_process(cls) -> Holder:
         return cls(socket.gethostname(), os.getpid(), secrets.token_hex(16), _boot_id(), _started(os.getpid()))
 
-    def is_dead_here(self) -> bool:
-        """Whether the holder is a process of this machine, this boot, that no longer runs."""
+    def alive_here(self) -> bool | None:
+        """Whether the holder runs: ``None`` unless it is a process of this machine, this boot."""
         if self.host != socket.gethostname() or self.boot != _boot_id():
-            return False
+            return None
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
-            return True
+            return False
         except PermissionError:
             pass
-        return bool(self.started) and _started(self.pid) not in (0, self.started)
+        return not self.started or _started(self.pid) in (0, self.started)
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}"
@@ -96,8 +96,17 @@ class LeaseRecord:
     released: bool = False
 
     def live(self, now_ms: int) -> bool:
-        """Held: not released, not expired, and its holder not known dead."""
-        return not self.released and now_ms < self.expires_ms and not self.holder.is_dead_here()
+        """Held, so another driver may not take it: not released, not expired, holder not known dead."""
+        return not self.released and now_ms < self.expires_ms and self.holder.alive_here() is not False
+
+    def running(self, now_ms: int) -> bool:
+        """Whether its holder still runs, as far as this machine can tell: a holder here is judged by
+        its process (alive, though it may not renew: a read-only lake, a pause), one elsewhere by
+        the expiry."""
+        if self.released:
+            return False
+        here = self.holder.alive_here()
+        return now_ms < self.expires_ms if here is None else here
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

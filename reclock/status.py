@@ -4,8 +4,8 @@ Written atomically (a temporary file renamed over it, or one PUT in an object st
 never sees half a snapshot.
 A snapshot is a claim made in the past: a job killed by SIGKILL, the OOM killer or a power cut
 leaves one that still says ``running``. So :func:`read_status` believes a live health only while
-the job's lease in the lake is live (:mod:`reclock.persist.lease`): not released, not expired, and
-not held by a process of this machine that no longer exists. A reader on the job's machine sees a
+the job holding the pipeline's lease (:mod:`reclock.persist.lease`) runs: on the job's machine, while
+its process exists; elsewhere, while the lease is unexpired. A reader on the job's machine sees a
 killed job as ``dead`` at once, one on another machine once its lease expires. A live job
 rewrites its snapshot at least every :data:`HEARTBEAT_S` seconds, batch or no batch; one older
 than :data:`STALE_AFTER_S` means the job cannot write the lake (full, read-only), so the reader
@@ -87,9 +87,10 @@ def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict
 
 
 def job_alive(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> bool:
-    """Whether a driver holds the pipeline's lease now; a lake that cannot be asked says no."""
+    """Whether the job holding the pipeline's lease runs (see ``LeaseRecord.running``); a lake that
+    cannot be asked says no."""
     try:
         lease = read_lease(lake, pipeline)
     except (OSError, ReclockError):
         return False
-    return lease is not None and lease.live(wall_clock_ms() if now_ms is None else now_ms)
+    return lease is not None and lease.running(wall_clock_ms() if now_ms is None else now_ms)

@@ -21,7 +21,7 @@ from reclock.config import parse_config
 from reclock.errors import ConfigError
 from reclock.persist import conditional
 from reclock.persist.lake import Lake
-from reclock.persist.lease import DEFAULT_TTL_S, Lease, LeaseHeld, LeaseLost, read_lease
+from reclock.persist.lease import DEFAULT_TTL_S, Holder, Lease, LeaseHeld, LeaseLost, LeaseRecord, read_lease
 from reclock.status import Status, job_alive, read_status, write_status
 from reclock.time import wall_clock_ms
 
@@ -151,15 +151,24 @@ def test_a_conditional_put_against_a_stale_tag_writes_nothing(tmp_path):
     assert conditional.read(Lake.at(tmp_path).store, path) == ("b", second)
 
 
-def test_status_believes_a_running_snapshot_only_while_its_lease_is_live(tmp_path):
+def test_status_believes_a_running_snapshot_only_while_the_lease_holder_runs(tmp_path):
+    """Elsewhere the expiry tells; on this machine the holder's process does: a live job that cannot
+    renew (a read-only lake) is not dead, and a killed one is dead before its lease expires."""
     lake = Lake.at(tmp_path)
-    lease = Lease.acquire(lake, "p", 2)
-    write_status(lake, Status(pipeline="p", health="running", pid=os.getpid(), updated_ms=wall_clock_ms()))
+    path = lake.lease_path("p")
+    write_status(lake, Status(pipeline="p", health="running", pid=4242, updated_ms=wall_clock_ms()))
+    assert read_status(lake, "p")["health"] == "dead"  # no lease at all
+    elsewhere = LeaseRecord("p", Holder("another-host", 4242, "token"), wall_clock_ms() + 1500, 1500)
+    tag = conditional.put(lake.store, path, elsewhere.to_json(), None)
     assert read_status(lake, "p")["health"] == "running"
-    time.sleep(2.1)  # the lease expires without renewal (a paused or vanished driver)
+    time.sleep(1.6)
     shown = read_status(lake, "p")
-    assert shown["health"] == "dead" and f"pid {os.getpid()}" in shown["last_error"]
-    lease.release()
+    assert shown["health"] == "dead" and "pid 4242" in shown["last_error"]
+
+    expired_here = LeaseRecord("p", Holder.this_process(), wall_clock_ms() - 1000, 1500)
+    conditional.put(lake.store, path, expired_here.to_json(), tag)
+    assert read_status(lake, "p")["health"] == "running"  # this process runs, though it did not renew
+    assert not expired_here.live(wall_clock_ms()), "an expired lease must still be free to take over"
 
 
 def test_the_ttl_is_configured_in_a_lease_section_validated_in_one_line(tmp_path):
