@@ -253,7 +253,7 @@ def _held_message(pipeline: str, record: LeaseRecord) -> str:
     holder = record.holder
     return (
         f"pipeline {pipeline!r} is already running (pid {holder.pid}) on {holder.host}, its lease live until "
-        f"{_clock(record.expires_ms)}; stop it first (reclock stop), or start again once its lease expires"
+        f"{_clock(record.expires_ms)}; stop it first (reclock stop), or retry once its lease expires"
     )
 
 
