@@ -202,10 +202,16 @@ class Pipeline:
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
         """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
         self._batches_since_maintenance = 0
-        self._fence()
         outputs = {name: sink.path for name, sink in self.sinks.items()}
         report = maintain(
-            self.remap, outputs, self.resume_upper, self._now(), self.maintenance, optimize=optimize, vacuum=vacuum
+            self.remap,
+            outputs,
+            self.resume_upper,
+            self._now(),
+            self.maintenance,
+            optimize=optimize,
+            vacuum=vacuum,
+            fence=self._fence,
         )
         self._on_step("maintained")
         return report
@@ -218,6 +224,8 @@ class Pipeline:
         """
         try:
             report = self.maintain()
+        except LeaseLost:
+            raise
         except Exception as exc:  # maintenance is an optimisation: ingestion goes on without it
             self._batches_since_maintenance = 0
             log.warning(

@@ -88,3 +88,29 @@ def test_a_driver_that_lost_its_lease_fails_before_its_next_commit_and_writes_no
     assert versions(lake) == seen_versions[0], "the driver that lost its lease committed after the takeover"
     assert all(n == 1 for seen in rows(lake).values() for n in seen.values())
     assert sum(rows(lake)["clicks"].values()) == 10
+
+
+def test_a_driver_that_lost_its_lease_does_not_maintain_the_tables(tmp_path):
+    """Its vacuum could delete files the new driver wrote and has not committed yet."""
+    from reclock.settings import Maintenance
+
+    lake = Lake.at(tmp_path)
+    source = MemorySource(SCHEMAS)
+    fill(source, 0, 10)
+    lost: list[dict[str, int]] = []
+
+    def fence() -> None:
+        if lost:
+            raise LeaseLost("pipeline 'pipe': this driver lost its lease")
+
+    def after_commits(step: str) -> None:
+        if step == "resumed":
+            lost.append(versions(lake))  # taken over between the batch and its maintenance
+
+    pipeline = Pipeline(
+        "pipe", lake, source, now=FakeClock(1000), on_step=after_commits, fence=fence, maintenance=Maintenance(every=1)
+    )
+    with pytest.raises(LeaseLost):
+        pipeline.run()
+    assert pipeline.health is Health.FAILED
+    assert versions(lake) == lost[0], "maintenance committed after the lease was lost"
