@@ -6,21 +6,18 @@ side by side, so a lake can be copied or deleted as a unit::
     <lake>/<pipeline>/definition.json   the validated definition (written by ``create``)
     <lake>/<pipeline>/remap/            Delta: the bindings
     <lake>/<pipeline>/outputs/<name>/   Delta: one table per output, ``_errors`` included
-    <lake>/<pipeline>/control/          stop requests, the job lock, dropped files' generations
+    <lake>/<pipeline>/control/          stop requests, the job lease, dropped files' generations
     <lake>/<pipeline>/status.json       the latest status snapshot
 
 A lake is a local path (``file://`` allowed) or ``s3://bucket/prefix``; every file and table in it
-is read and written through its :class:`~reclock.persist.store.Store`. The job lock is a kernel
-lock, so it needs a local file: an object-store lake keeps it in a local state folder keyed by the
-lake's URI (it then only sees jobs on this machine; the sinks' labels fence the others).
+is read and written through its :class:`~reclock.persist.store.Store`, the job lease too
+(:mod:`reclock.persist.lease`), so it holds across machines.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,16 +87,9 @@ class Lake:
     def status_table_path(self, table: str) -> LakePath:
         return self.root / "_status" / table
 
-    def job_lock_path(self, pipeline: str) -> Path:
-        """Held (``flock``) by the running job for its whole life; the OS releases it on death.
-
-        In the lake for a local lake; for an object-store lake in a local state folder, one per
-        lake URI, since a kernel lock needs a local file.
-        """
-        if isinstance(self.root, Path):
-            return self.control_dir(pipeline) / "job.lock"
-        digest = hashlib.sha256(self.uri.encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / f"reclock-{os.getuid()}" / "locks" / digest / f"{pipeline}.lock"
+    def lease_path(self, pipeline: str) -> LakePath:
+        """The job lease: which driver runs the pipeline, until when (:mod:`reclock.persist.lease`)."""
+        return self.control_dir(pipeline) / "lease.json"
 
     def status_path(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "status.json"

@@ -25,6 +25,9 @@ Example::
     history_minutes = 0        # upsert outputs' as-of reads and time travel stay exact this far back
     target_file_mb = 128       # optimize compacts output files to about this size
 
+    [lease]                    # optional: the job's lease in the lake (one driver per pipeline)
+    ttl_seconds = 30.0         # renewed every third of it; another driver may take over after it
+
     [source]
     kind = "generator"
     rate = 20000
@@ -49,6 +52,7 @@ from typing import Any
 
 from reclock.errors import ConfigError
 from reclock.persist.layout import OutputLayout, layouts_to_dict, parse_layouts
+from reclock.persist.lease import DEFAULT_TTL_S
 from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
@@ -59,6 +63,7 @@ __all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_con
 
 _ENGINES = ("spark", "local")
 _METRICS_KEYS = ("metrics_port", "metrics_host")
+_MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -76,6 +81,7 @@ class PipelineConfig:
     small_batch_offsets: int = 20_000
     maintenance: Maintenance = field(default_factory=Maintenance)
     spark_background_start: bool = True
+    lease_ttl_s: float = DEFAULT_TTL_S
     #: How ``create`` reaches an object-store lake, as written (``${NAME}`` not expanded). Not part
     #: of the stored definition: they say how to reach the lake, which a reader of it already knew.
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
@@ -100,18 +106,22 @@ class PipelineConfig:
         if self.metrics_host != "127.0.0.1":  # stored only when set, so older definitions compare equal
             pipeline["metrics_host"] = self.metrics_host
         pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
-        return {
-            "pipeline": pipeline,
-            "spark": {
-                "master": self.spark_master,
-                "conf": dict(self.spark_conf),
-                "small_batch_offsets": self.small_batch_offsets,
-                "background_start": self.spark_background_start,
-            },
-            "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
-            "source": dict(self.source),
-            **({"outputs": layouts_to_dict(self.layouts)} if self.layouts else {}),
-        } | ({"windows": [w.to_dict() for w in self.windows]} if self.windows else {})
+        return (
+            {
+                "pipeline": pipeline,
+                "spark": {
+                    "master": self.spark_master,
+                    "conf": dict(self.spark_conf),
+                    "small_batch_offsets": self.small_batch_offsets,
+                    "background_start": self.spark_background_start,
+                },
+                "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
+                "source": dict(self.source),
+                **({"outputs": layouts_to_dict(self.layouts)} if self.layouts else {}),
+            }
+            | ({"windows": [w.to_dict() for w in self.windows]} if self.windows else {})
+            | ({"lease": {"ttl_seconds": self.lease_ttl_s}} if self.lease_ttl_s != DEFAULT_TTL_S else {})
+        )
 
 
 def load_config(path: str | Path) -> PipelineConfig:
@@ -139,7 +149,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
 
-    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options", "windows", "outputs"}, "", fail)
+    _only(
+        raw, {"pipeline", "spark", "maintenance", "lease", "source", "storage_options", "windows", "outputs"}, "", fail
+    )
     pipeline = _section(raw, "pipeline", fail, required=True)
     storage_options = dict(_section(raw, "storage_options", fail))
     try:
@@ -148,6 +160,11 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         raise fail(exc.field, exc.reason) from None
     spark = _section(raw, "spark", fail)
     maintenance = _maintenance(_section(raw, "maintenance", fail), fail)
+    lease = _section(raw, "lease", fail)
+    _only(lease, {"ttl_seconds"}, "lease.", fail)
+    ttl = _typed(lease, "ttl_seconds", float, "lease.", fail, default=DEFAULT_TTL_S)
+    if not _MIN_TTL_S <= ttl < math.inf:
+        raise fail("lease.ttl_seconds", f"must be a finite number of seconds >= {_MIN_TTL_S:g}, got {ttl!r}")
     source = dict(_section(raw, "source", fail, required=True))
     _only(
         pipeline,
@@ -208,6 +225,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         small,
         maintenance,
         background,
+        ttl,
         storage_options,
         parse_windows(raw.get("windows"), file),
         _layouts(raw.get("outputs", {}), fail),

@@ -1,22 +1,20 @@
 """Control of a stored pipeline from any process: its definition, its job lock, a stop request.
 
 The job (:mod:`reclock.job`) and the commands that must not run beside it (``detach``,
-``set-offsets``, maintenance) share these, so whoever holds the lock is the only writer of the
-pipeline's remap table and outputs on this machine; the remap compare-and-append and the sink
-labels fence anyone else.
+``set-offsets``, ``redrive``, maintenance) share these, so whoever holds the pipeline's lease is
+the only writer of its remap table and outputs; the remap compare-and-append and the sink labels
+fence anyone else.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import time
-from typing import TextIO
 
 from reclock.config import PipelineConfig, parse_config
 from reclock.errors import ConfigError, ReclockError
 from reclock.persist.lake import Lake
+from reclock.persist.lease import Lease
 
 __all__ = ["exclusive", "exclusive_after_stop", "load", "request_stop"]
 
@@ -35,30 +33,22 @@ def request_stop(lake: Lake, name: str) -> None:
     lake.store.touch(lake.control_dir(name) / "stop")
 
 
-def exclusive(lake: Lake, name: str) -> TextIO:
-    """Hold the pipeline's job lock for this process's lifetime (the OS drops it if we die).
+def exclusive(lake: Lake, name: str, ttl_s: float | None = None) -> Lease:
+    """Take the pipeline's lease in the lake (:mod:`reclock.persist.lease`), renewed in the
+    background until released; ``ttl_s`` defaults to the definition's ``[lease] ttl_seconds``.
 
-    Only one driver may run a pipeline; the sinks fence a second one anyway (on any machine), but
-    refusing it up front on the same machine gives a clear message instead of a stalled job. The
-    lock is held on a read-only descriptor (``flock`` does not need write access) and the holder's
-    pid written through another, short-lived one, so a running job keeps no lake file open for
-    writing between its writes: an operator can remount the lake read-only, and the job stalls.
+    Only one driver may run a pipeline, on any machine: another live holder is a one-line
+    :class:`~reclock.persist.lease.LeaseHeld` refusal. The remap compare-and-append and the sink
+    labels fence a holder that lost its lease anyway; the lease makes that an up-front refusal.
     """
-    path = lake.job_lock_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    handle = open(path)  # noqa: SIM115 - held open on purpose until the job ends
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = handle.read().strip() or "another process"
-        handle.close()
-        raise ReclockError(f"pipeline {name!r} is already running ({holder}); stop it first") from None
-    path.write_text(f"pid {os.getpid()}")
-    return handle
+    if ttl_s is None:
+        ttl_s = load(lake, name)[0].lease_ttl_s
+    lease = Lease.acquire(lake, name, ttl_s)
+    lease.start_renewing()
+    return lease
 
 
-def exclusive_after_stop(lake: Lake, name: str, wait_s: float) -> TextIO:
+def exclusive_after_stop(lake: Lake, name: str, wait_s: float) -> Lease:
     """Ask a running job to stop and take the lock once it did (its in-flight batch completes).
 
     Refuses, naming the pipeline, when the job still runs after ``wait_s`` seconds.

@@ -35,14 +35,14 @@ __all__ = ["attach", "detach", "is_detached"]
 def detach(lake: Lake, name: str, *, wait_s: float = 60.0) -> LakePath:
     """Stop the pipeline if it runs (waiting up to ``wait_s``), then record its outputs."""
     load(lake, name)
-    lock = exclusive_after_stop(lake, name, wait_s)
+    lease = exclusive_after_stop(lake, name, wait_s)
     try:
         outputs = {output: _snapshot(lake, name, output) for output in lake.outputs(name)}
         path = _marker(lake, name)
         lake.store.write_text(path, json.dumps({"outputs": outputs}))
         return path
     finally:
-        lock.close()
+        lease.release()
 
 
 def is_detached(lake: Lake, name: str) -> bool:

@@ -25,7 +25,7 @@ from reclock.config import PipelineConfig, build_source, expand_storage_options,
 from reclock.control import exclusive, load, request_stop
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.detach import attach
-from reclock.errors import ConfigError, ReclockError, StorageError
+from reclock.errors import ConfigError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.health import Health
 from reclock.maintenance import MaintenanceReport
@@ -33,6 +33,7 @@ from reclock.maintenance import maintain as run_maintenance
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import check_layouts
+from reclock.persist.lease import Lease
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
@@ -138,21 +139,23 @@ def maintain(
     """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
 
     A running job maintains its own tables on its schedule, between its batches; a second process
-    doing it beside the job could make the job's MERGE conflict and retry, so the job lock is
-    taken here and a running pipeline is refused.
+    doing it beside the job could make the job's MERGE conflict and retry, so the job's lease is
+    taken here (:mod:`reclock.persist.lease`) and a running pipeline is refused.
     """
     config, _ = load(lake, name)
     policy = config.maintenance
     if history_minutes is not None:
         policy = replace(policy, history_minutes=history_minutes)
-    lock = exclusive(lake, name)
+    lease = exclusive(lake, name, config.lease_ttl_s)
     try:
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name), lake.store)
-        return run_maintenance(remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum)
+        return run_maintenance(
+            remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum, fence=lease.check
+        )
     finally:
-        lock.close()
+        lease.release()
 
 
 def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
@@ -214,12 +217,25 @@ def _run(
     config, created_at = load(lake, name)
     if metrics_host is not None:
         config = replace(config, metrics_host=metrics_host)
-    lock = exclusive(lake, name)
+    lease = exclusive(lake, name, config.lease_ttl_s)
     try:
         attach(lake, name)
-    except ReclockError:
-        lock.close()
-        raise
+        return _run_leased(lake, name, config, created_at, lease, progress, max_seconds)
+    finally:
+        lease.release()
+
+
+def _run_leased(
+    lake: Lake,
+    name: str,
+    config: PipelineConfig,
+    created_at: int,
+    lease: Lease,
+    progress: TextIO | None,
+    max_seconds: float | None,
+) -> Pipeline:
+    """The job under the pipeline's lease: it checks it before every durable write, so a job that
+    lost it stops before its next commit, as failed, and writes no status over its successor's."""
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds).
     _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
@@ -237,11 +253,12 @@ def _run(
         maintenance=config.maintenance,
         windows=config.windows,
         layouts=config.layouts,
+        fence=lease.check,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
         target=_watch,
-        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: _heartbeat(lake, status)),
+        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: lease.lost or _heartbeat(lake, status)),
         daemon=True,
     )
     watcher.start()
@@ -260,6 +277,10 @@ def _run(
         status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
     log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
+    def publish(p: Pipeline) -> None:
+        if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
+            _publish(lake, p, status)
+
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
             status.batches += 1
@@ -271,7 +292,7 @@ def _run(
         if metrics is not None:
             metrics.observe(report)
         _log_batch(report)
-        _publish(lake, pipeline, status)
+        publish(pipeline)
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
         last_health[0] = pipeline.health
@@ -280,7 +301,7 @@ def _run(
         pipeline.run(
             stop,
             on_batch=on_batch,
-            on_health=lambda p: _publish(lake, p, status),
+            on_health=publish,
             on_start=lambda report: tables.append("batches", [status_rows.in_progress(pipeline, report)]),
         )
     except Exception:
@@ -288,12 +309,12 @@ def _run(
             raise
     finally:
         stop.set()
-        status_rows.record_state(tables, pipeline, config_json)
+        if not lease.lost:  # the pipeline's state is its new driver's to say now
+            status_rows.record_state(tables, pipeline, config_json)
         tables.close()
         if metrics is not None:
             metrics.close()
-        _publish(lake, pipeline, status)
-        lock.close()
+        publish(pipeline)
         if progress is not None:
             progress.write("\n")
             progress.flush()

@@ -26,7 +26,7 @@ and ``reclock vacuum`` run it by hand on a stopped pipeline.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from reclock.persist import maintenance as tables
@@ -59,6 +59,7 @@ def maintain(
     *,
     optimize: bool = True,
     vacuum: bool = True,
+    fence: Callable[[], None] = lambda: None,
 ) -> MaintenanceReport:
     """Compact the remap table and ``optimize``, then ``vacuum``, every output; one pass.
 
@@ -66,18 +67,22 @@ def maintain(
     it, so the next batch (which starts there) stamps exactly as before. The tables are in the
     remap table's store (the lake's). Each step is its own
     commit and safe to interrupt at any point: a crash leaves either the old or the new state of
-    a table, never a mixture, and the next run picks up from there.
+    a table, never a mixture, and the next run picks up from there. ``fence`` is called before
+    each table's turn (the job's lease check): a vacuum by a driver that lost the pipeline could
+    delete the files its successor wrote and has not committed yet.
     """
     started = time.monotonic()
     report = MaintenanceReport()
     minutes = policy.history_minutes
     if optimize and remap.bindings.upper:
+        fence()
         since = max(0, min(resume_upper - 1, now_ms - minutes * _MINUTE_MS))
         if remap.files > 1 or since > remap.bindings.since:
             remap.compact(since)
     report.since = remap.bindings.since
     paths = {"remap": remap.path, **outputs}
     for name, path in paths.items():
+        fence()
         table = remap.store.open_table(path)
         tables.set_retention(table, minutes)
         if optimize and name != "remap":

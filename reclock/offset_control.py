@@ -107,7 +107,7 @@ def set_offset(
     what it still has, or below what is bound in a source that cannot re-read.
     """
     config, created_at = load(lake, name)
-    lock = exclusive(lake, name)
+    lease = exclusive(lake, name)
     try:
         source = job.source_of(lake, name, config, created_at)
         try:
@@ -120,7 +120,7 @@ def set_offset(
         finally:
             source.close()
     finally:
-        lock.close()
+        lease.release()
 
 
 def _move(lake: Lake, name: str, source: Source, text: str, offset: int, now: int) -> OffsetChange:

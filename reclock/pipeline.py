@@ -47,15 +47,17 @@ from reclock.health import Health
 from reclock.logs import BATCH_ID, batch_scope
 from reclock.maintenance import MaintenanceReport, maintain
 from reclock.minting import Interrupted, Minter
+from reclock.outputs import outputs_of
 from reclock.persist.evolution import SchemaEvolutionError, refuse_new_fields
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
 from reclock.persist.layout import OutputLayout, output_layouts
+from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
-from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, error_batch
+from reclock.sources.base import ERRORS, Source, error_batch
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
 from reclock.windowing import Windows
 from reclock.windows import Window
@@ -81,7 +83,11 @@ class Pipeline:
         on_step: Callable[[str], None] | None = None,
         windows: Sequence[Window] = (),
         layouts: Mapping[str, OutputLayout] | None = None,
+        fence: Callable[[], None] | None = None,
     ) -> None:
+        """``fence`` is called before every durable write (a binding, a commit, skips, maintenance)
+        and raises :class:`~reclock.persist.lease.LeaseLost` once this driver no longer owns the
+        pipeline: the job's lease check, so a driver that lost its lease stops instead of writing."""
         if not NAME_PATTERN.match(name):
             raise ConfigError("name", f"pipeline name {name!r} must be an identifier of at most 64 characters")
         self.name = name
@@ -96,7 +102,8 @@ class Pipeline:
         self._now = now
         self._on_step = on_step or (lambda step: None)
         self._on_start: Callable[[BatchReport], None] = lambda report: None
-        self.outputs = _outputs_of(source)
+        self._fence = fence or (lambda: None)
+        self.outputs = outputs_of(source)
         self.layouts = output_layouts(source, self.outputs, layouts or {})
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
@@ -166,6 +173,7 @@ class Pipeline:
         # What an earlier step could not close is closed first; a failure here fails the step.
         self.close_windows()
         minted: dict[str, int] = {}
+        self._fence()
         if not self.pending:
             minted = self.minter.probe_and_mint(stop)
             self._on_step("minted")
@@ -186,7 +194,14 @@ class Pipeline:
         outputs = {name: sink.path for name, sink in self.sinks.items()}
         outputs |= self.windows.paths()  # a commit per pass too
         report = maintain(
-            self.remap, outputs, self.resume_upper, self._now(), self.maintenance, optimize=optimize, vacuum=vacuum
+            self.remap,
+            outputs,
+            self.resume_upper,
+            self._now(),
+            self.maintenance,
+            optimize=optimize,
+            vacuum=vacuum,
+            fence=self._fence,
         )
         self._on_step("maintained")
         return report
@@ -199,6 +214,8 @@ class Pipeline:
         """
         try:
             report = self.maintain()
+        except LeaseLost:
+            raise
         except Exception as exc:  # maintenance is an optimisation: ingestion goes on without it
             self._batches_since_maintenance = 0
             log.warning(
@@ -305,7 +322,7 @@ class Pipeline:
                 observe(exc.report)
                 self._backoff(stop, stalls)
                 continue
-            except (DefiniteSourceError, AssertionError) as exc:
+            except (DefiniteSourceError, AssertionError, LeaseLost) as exc:
                 self._fail(exc)
                 observe(None)
                 raise
@@ -395,6 +412,7 @@ class Pipeline:
             raise
         for name, sink in self.sinks.items():
             if sink.upper <= hi:
+                self._fence()
                 sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
@@ -438,6 +456,7 @@ class Pipeline:
             for r in report.results
             if r.error
         ]
+        self._fence()
         recorded = self.remap.record_skips(skips)
         log.warning(
             "pipeline %s: skipped %d ranges of batch %s after %d attempts",
@@ -470,22 +489,3 @@ def _ms_since(clock: float) -> tuple[int, float]:
     """Whole milliseconds since ``clock`` (a ``time.monotonic()``), and the clock now."""
     now = time.monotonic()
     return int((now - clock) * 1000), now
-
-
-def _outputs_of(source: Source) -> dict[str, Output]:
-    outputs: dict[str, Output] = {}
-    for output in source.outputs():
-        if not NAME_PATTERN.match(output.name) or output.name.startswith("_"):
-            raise ConfigError("outputs", f"output name {output.name!r} must be an identifier not starting with '_'")
-        if output.name in outputs:
-            raise ConfigError("outputs", f"output {output.name!r} is declared twice")
-        if output.envelope not in ("append", "upsert", "debezium"):
-            raise ConfigError("outputs", f"output {output.name!r}: unknown envelope {output.envelope!r}")
-        if output.envelope != "append" and not output.key:
-            raise ConfigError("outputs", f"output {output.name!r}: a {output.envelope} output needs key columns")
-        missing = [k for k in output.key if k not in output.schema.names]
-        if missing:
-            raise ConfigError("outputs", f"output {output.name!r}: key columns {missing} are not in its schema")
-        outputs[output.name] = output
-    outputs[ERRORS] = Output(ERRORS, ERRORS_SCHEMA)
-    return outputs

@@ -55,7 +55,7 @@ class RedriveReport:
 def redrive(lake: Lake, name: str) -> RedriveReport:
     """Land what the current definition decodes of the stopped pipeline's failed records."""
     config, created_at = load(lake, name)
-    lock = exclusive(lake, name)
+    lease = exclusive(lake, name)
     try:
         failed = _failed_records(lake, name)
         report = RedriveReport()
@@ -80,7 +80,7 @@ def redrive(lake: Lake, name: str) -> RedriveReport:
                 report.landed[output] = rows.num_rows
         return report
     finally:
-        lock.close()
+        lease.release()
 
 
 def _failed_records(lake: Lake, name: str) -> dict[tuple[Partition, int], int]:

@@ -4,28 +4,25 @@ Written atomically (a temporary file renamed over it, or one PUT in an object st
 never sees half a snapshot.
 A snapshot is a claim made in the past: a job killed by SIGKILL, the OOM killer or a power cut
 leaves one that still says ``running``. So :func:`read_status` believes a live health only while
-the job's lock is held, which the operating system releases the moment the process dies, and
-otherwise reports ``dead``. A live job rewrites its snapshot at least every :data:`HEARTBEAT_S`
-seconds, batch or no batch; one older than :data:`STALE_AFTER_S` means the job cannot write the
-lake (full, read-only), so the reader reports ``stalled`` with that hint instead of the claim.
-
-The lock of an object-store lake is local to the machine of its job (see :mod:`reclock.persist.lake`),
-so there a snapshot's live health is believed while the lock is held here *or* the snapshot is
-younger than :data:`STALE_AFTER_S` and was not written by a job that held this machine's lock and
-lost it: a reader on the job's machine sees a killed job as ``dead`` at once, one on another
-machine once its heartbeat stops.
+the job holding the pipeline's lease (:mod:`reclock.persist.lease`) runs: on the job's machine, while
+its process exists; elsewhere, while the lease is unexpired. A reader on the job's machine sees a
+killed job as ``dead`` at once, one on another machine once its lease expires. A live job
+rewrites its snapshot at least every :data:`HEARTBEAT_S` seconds, batch or no batch; one older
+than :data:`STALE_AFTER_S` means the job cannot write the lake (full, read-only), so the reader
+reports ``stalled`` with that hint instead of the claim.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from reclock.errors import ReclockError
 from reclock.persist.lake import Lake
+from reclock.persist.lease import read_lease
+from reclock.time import wall_clock_ms
 
 __all__ = ["DEAD", "Status", "job_alive", "read_status", "write_status"]
 
@@ -72,9 +69,7 @@ def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict
         return status
     earlier = f"; last error: {status['last_error']}" if status.get("last_error") else ""
     age = ((time.time() * 1000 if now_ms is None else now_ms) - status.get("updated_ms", 0)) / 1000
-    alive = job_alive(lake, pipeline) or (
-        lake.store.remote and age <= STALE_AFTER_S and not _died_here(lake, pipeline, status.get("pid"))
-    )
+    alive = job_alive(lake, pipeline)
     if not alive:
         status["last_error"] = (
             f"the job (pid {status.get('pid')}) ended without a final status while {status['health']}{earlier}; "
@@ -91,25 +86,11 @@ def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict
     return status
 
 
-def _died_here(lake: Lake, pipeline: str, pid: int | None) -> bool:
-    """Whether the job that wrote the snapshot held this machine's lock, now free: it is dead."""
+def job_alive(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> bool:
+    """Whether the job holding the pipeline's lease runs (see ``LeaseRecord.running``); a lake that
+    cannot be asked says no."""
     try:
-        return lake.job_lock_path(pipeline).read_text().strip() == f"pid {pid}"
-    except OSError:
+        lease = read_lease(lake, pipeline)
+    except (OSError, ReclockError):
         return False
-
-
-def job_alive(lake: Lake, pipeline: str) -> bool:
-    """Whether a process holds the pipeline's job lock now (on a lake this machine's kernel locks)."""
-    try:
-        handle = open(lake.job_lock_path(pipeline))  # noqa: SIM115 - closed below, lock or not
-    except FileNotFoundError:
-        return False
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        with contextlib.suppress(OSError):
-            fcntl.flock(handle, fcntl.LOCK_UN)
-        return False
+    return lease is not None and lease.running(wall_clock_ms() if now_ms is None else now_ms)

@@ -278,8 +278,9 @@ def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_s
 
 
 def test_a_second_job_on_the_same_s3_lake_is_refused_and_a_killed_one_shows_dead(s3_server, tmp_path):
-    """The job lock of an object-store lake is a local file keyed by the lake's URI (the lease of
-    a later change reaches across machines): on this machine it works as on a local lake."""
+    """The job lease of an object-store lake is an object in it; a holder that died on this machine
+    frees it at once, so here it works as on a local lake (tests/integration/test_lease_s3.py pins
+    the takeover of a paused holder after expiry)."""
     lake_uri = f"s3://{s3_server.bucket()}/lake"
     env = {**os.environ, **s3_server.environ}
     config = write_config(

@@ -27,7 +27,7 @@ def _no_aws_environment(monkeypatch):
 def test_a_local_path_and_a_file_uri_name_the_same_local_lake(tmp_path):
     assert Lake.at(tmp_path) == Lake.at(f"file://{tmp_path}") == Lake(tmp_path.resolve(), LOCAL)
     assert isinstance(Lake.at(tmp_path).output_path("p", "o"), Path)
-    assert Lake.at(tmp_path).job_lock_path("p") == tmp_path.resolve() / "p" / "control" / "job.lock"
+    assert Lake.at(tmp_path).lease_path("p") == tmp_path.resolve() / "p" / "control" / "lease.json"
 
 
 def test_an_s3_uri_names_a_bucket_and_prefix_and_paths_join_under_it():
@@ -93,11 +93,12 @@ def test_credentials_are_never_shown_and_a_store_pickles_for_spark_tasks():
     assert again == lake.store and again.options["secret_access_key"] == SECRET
 
 
-def test_an_s3_lakes_job_lock_is_a_local_file_of_its_own_per_lake_uri():
+def test_an_s3_lakes_job_lease_is_an_object_in_the_lake_one_per_pipeline():
+    """Not a local file: drivers on other machines see the same lease."""
     first, second = Lake.at("s3://bucket/a"), Lake.at("s3://bucket/b")
-    assert isinstance(first.job_lock_path("p"), Path)
-    assert first.job_lock_path("p") != second.job_lock_path("p")
-    assert first.job_lock_path("p") == Lake.at("s3://bucket/a/").job_lock_path("p")
+    assert first.lease_path("p") == StorePath("s3", "bucket", "a/p/control/lease.json")
+    assert first.lease_path("p") != second.lease_path("p") != first.lease_path("q")
+    assert first.lease_path("p") == Lake.at("s3://bucket/a/").lease_path("p")
 
 
 def test_a_definition_keeps_an_s3_lake_as_written_and_never_stores_its_storage_options(tmp_path):

@@ -240,15 +240,14 @@ def test_a_second_driver_with_a_stale_plan_is_fenced_and_duplicates_nothing(tmp_
 
 
 def test_only_one_job_can_run_a_pipeline_at_a_time(tmp_path):
-    from reclock import control
-    from reclock.errors import ReclockError
+    from reclock.persist.lease import Lease, LeaseHeld
 
     lake = Lake.at(tmp_path)
-    first = control.exclusive(lake, "pipe")
-    with pytest.raises(ReclockError, match="already running"):
-        control.exclusive(lake, "pipe")
-    first.close()
-    control.exclusive(lake, "pipe").close()
+    first = Lease.acquire(lake, "pipe")
+    with pytest.raises(LeaseHeld, match="already running"):
+        Lease.acquire(lake, "pipe")
+    first.release()
+    Lease.acquire(lake, "pipe").release()
 
 
 def test_a_finished_pipeline_does_not_hold_back_reads_across_pipelines(tmp_path):
