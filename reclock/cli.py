@@ -24,7 +24,7 @@ from reclock import job
 from reclock.config import expand_storage_options, load_config
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.health import Health
-from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
+from reclock.persist.asof import CLOSED_UPPER, latest_cut, read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
@@ -167,6 +167,14 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("name", nargs="?")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=_status)
+
+    as_of = commands.add_parser("as-of", help="one consistent cut across pipelines: every output at one into time")
+    as_of.add_argument("names", nargs="+", metavar="name")
+    as_of.add_argument(
+        "--at", type=_count, default=None, help="into time in ms (default: the newest time with a consistent cut)"
+    )
+    as_of.add_argument("--json", action="store_true", help="machine-readable output")
+    as_of.set_defaults(func=_as_of)
 
     for name, about in (
         ("batches", "the latest batches of a pipeline, one row per batch partition"),
@@ -426,6 +434,32 @@ def _output_status(lake: Lake, name: str, output: str) -> tuple[int, int]:
         ):
             count += records if records is not None else lake.store.parquet_rows(root / path)
     return count, label_upper(label)
+
+
+def _as_of(args: argparse.Namespace) -> int:
+    """Row counts of every output of ``names`` at one into time, refused past their joint upper."""
+    lake = _lake(args)
+    for name in args.names:
+        job.load(lake, name)
+    at = latest_cut(lake, args.names) if args.at is None else args.at
+    try:
+        cut = read_as_of(lake, args.names, at)
+    except ValueError as exc:
+        print(f"reclock: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps({"as_of": at, "pipelines": {p: {o: t.num_rows for o, t in c.items()} for p, c in cut.items()}})
+        )
+        return 0
+    print(f"consistent cut of {', '.join(args.names)} at into time {at} ({_when(at)}):")
+    rows = [
+        [p, o, f"{t.num_rows:,}", _when(_agg(t, min)), _when(_agg(t, max))]
+        for p, c in cut.items()
+        for o, t in c.items()
+    ]
+    print(_table(["pipeline", "output", "rows", "min _into_ts", "max _into_ts"], rows))
+    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
