@@ -142,9 +142,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--engine", choices=("spark", "local"), default="spark")
     demo.add_argument(
         "--source",
-        choices=("kafka", "generator"),
+        choices=("kafka", "generator", "all"),
         default="kafka",
-        help="kafka: produce to an embedded broker while a Kafka pipeline ingests (default); generator: no broker",
+        help="kafka: produce to an embedded broker while a Kafka pipeline ingests (default); generator: no broker; "
+        "all: a Kafka, a files and a generator pipeline on one lake, read as one cut",
     )
     demo.set_defaults(func=_demo)
 
@@ -470,6 +471,17 @@ def _demo(args: argparse.Namespace) -> int:
     )
     if as_of is None:
         return 1
+    if args.source == "all":
+        from reclock.demo_timeline import PIPELINES
+
+        print()
+        _as_of(
+            argparse.Namespace(
+                lake=args.lake, storage_option=args.storage_option, names=PIPELINES, at=as_of, json=False
+            )
+        )
+        print()
+        return _status(argparse.Namespace(lake=args.lake, storage_option=args.storage_option, name=None, json=False))
     cut = read_as_of(_lake(args), "demo", as_of)
     print(f"\nconsistent as-of read of every output at into time {as_of} ({_when(as_of)}):")
     print(

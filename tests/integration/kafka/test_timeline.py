@@ -11,6 +11,7 @@ the lines written, the generator's events by then).
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -134,3 +135,28 @@ def test_the_cross_pipeline_cut_is_consistent_at_every_label_time(tmp_path, brok
             }
             got = {(r["_partition"], r["_offset"]) for r in cut["gen"][output]}
             assert got == expected, (label, output)
+
+
+def test_the_demo_of_three_pipelines_ends_with_one_cut_holding_every_record(tmp_path):
+    from reclock.demo import run_demo
+    from reclock.demo_timeline import PIPELINES
+    from reclock.persist.lake import Lake
+    from tests.integration.helpers import expected_generator_offsets
+
+    out = io.StringIO()
+    as_of = run_demo(Lake.at(tmp_path / "lake"), events=3_000, rate=1_000_000, engine="local", out=out, source="all")
+    assert as_of is not None, out.getvalue()
+    cut = read_as_of(tmp_path / "lake", list(PIPELINES), as_of)
+    events = {k: len(v) for k, v in expected_generator_offsets(4, 3_000).items()}
+    expected = {
+        "demo_kafka": {**events, "_errors": 0},
+        "demo_files": {"readings": 20 * 250, "_errors": 0},
+        "demo_generator": {**events, "_errors": 0},
+    }
+    assert {p: {o: t.num_rows for o, t in c.items()} for p, c in cut.items()} == expected
+    for pipeline, outputs in cut.items():  # the cut is the final tables up to as_of, read from outside
+        for output, table in outputs.items():
+            final = [
+                r for r in _delta_rows(tmp_path / "lake" / pipeline / "outputs" / output) if r["_into_ts"] <= as_of
+            ]
+            assert _bag(table.to_pylist()) == _bag(final), (pipeline, output)
