@@ -30,6 +30,7 @@ at its coordinates.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -103,21 +104,28 @@ class StreamReaderSource(SourceBase):
     """Runs ``data_source.streamReader(schema)`` as a reclock source with one output.
 
     ``data_source`` is a ``pyspark.sql.datasource.DataSource`` instance (its ``options`` set as
-    Spark would set them); its ``schema()`` is the output's schema unless ``schema`` (Arrow or a
-    ``StructType``) is given. ``output`` names the output table (default: the data source's name).
-    The reader object itself travels to tasks, as it does in Spark, so it must pickle.
+    Spark would set them), or, in a pipeline definition, its class as ``"package.module:Class"``
+    with ``options`` (strings, as Spark passes them). Its ``schema()`` is the output's schema
+    unless ``schema`` (Arrow, a ``StructType`` or DDL) is given. ``output`` names the output table
+    (default: the data source's name). The reader object itself travels to tasks, as it does in
+    Spark, so it must pickle.
     """
 
     max_split_offsets = 1_000_000
 
     def __init__(
         self,
-        data_source: DataSource,
+        data_source: DataSource | str,
         *,
+        options: Mapping[str, Any] | None = None,
         output: str | None = None,
         schema: pa.Schema | StructType | str | None = None,
         codec: OffsetCodec | None = None,
     ) -> None:
+        if isinstance(data_source, str):
+            data_source = _data_source(data_source, options or {})
+        elif options is not None:
+            raise ConfigError("options", "give options only with data_source as 'package.module:Class'")
         spark_schema = data_source.schema() if schema is None else schema
         self.schema = arrow_schema(spark_schema)
         self.output = output or re.sub(r"\W", "_", type(data_source).name())
@@ -225,6 +233,22 @@ class StreamReaderSource(SourceBase):
         arrays = [pa.array([encoded] * len(rows), pa.string()), pa.array(offsets, pa.int64())]
         arrays += [pa.array(values, field.type) for values, field in zip(columns, self.schema, strict=True)]
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([*LINEAGE_FIELDS, *self.schema]))
+
+
+def _data_source(target: str, options: Mapping[str, Any]) -> DataSource:
+    """``package.module:Class`` instantiated with ``options`` as strings, as Spark would."""
+    from pyspark.sql.datasource import DataSource
+
+    module_name, _, name = target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), name) if name else None
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError("data_source", f"cannot import {target!r}: {exc}") from None
+    if not (isinstance(cls, type) and issubclass(cls, DataSource)):
+        raise ConfigError(
+            "data_source", f"must name a pyspark DataSource class as 'package.module:Class', got {target!r}"
+        )
+    return cls({key: str(value) for key, value in options.items()})
 
 
 def arrow_schema(schema: pa.Schema | StructType | str) -> pa.Schema:

@@ -160,3 +160,24 @@ def test_ddl_schemas_become_arrow_and_unknown_types_name_the_field():
     )
     with pytest.raises(ConfigError, match="schema: cannot read the DDL column 'a array<int>'"):
         arrow_schema("a array<int>")
+
+
+def test_a_pipeline_definition_names_the_data_source_class_and_its_options(tmp_path):
+    from reclock.config import build_source, parse_config
+
+    definition = {
+        "pipeline": {"name": "t", "lake": str(tmp_path), "engine": "local"},
+        "source": {
+            "kind": "reclock.sources.pyspark_in:StreamReaderSource",
+            "data_source": "tests.unit.test_pyspark_in:Keyed",
+            "options": {"skew": 0},
+            "output": "keyed",
+        },
+    }
+    source = build_source(parse_config(definition), created_at_ms=0)
+    LOG["a"] = [7]
+    Pipeline("t", tmp_path, source, data_plane=LocalDataPlane(), now=FakeClock(1_000)).step()
+    assert _rows(tmp_path, output="keyed") == [("a", 0, 7, 1000)]
+    definition["source"]["data_source"] = "tests.unit.test_pyspark_in:Range"
+    with pytest.raises(ConfigError, match="source.data_source: must name a pyspark DataSource class"):
+        build_source(parse_config(definition), created_at_ms=0)
