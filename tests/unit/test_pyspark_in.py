@@ -179,5 +179,5 @@ def test_a_pipeline_definition_names_the_data_source_class_and_its_options(tmp_p
     Pipeline("t", tmp_path, source, data_plane=LocalDataPlane(), now=FakeClock(1_000)).step()
     assert _rows(tmp_path, output="keyed") == [("a", 0, 7, 1000)]
     definition["source"]["data_source"] = "tests.unit.test_pyspark_in:Range"
-    with pytest.raises(ConfigError, match="source.data_source: must name a pyspark DataSource class"):
+    with pytest.raises(ConfigError, match=r"source\.data_source: must name a pyspark DataSource class"):
         build_source(parse_config(definition), created_at_ms=0)
