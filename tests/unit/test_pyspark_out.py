@@ -81,3 +81,17 @@ def test_spark_column_types_come_from_the_outputs_arrow_schema():
     source = GeneratorSource(limit=10)
     persons = next(o for o in source.outputs() if o.name == "persons")
     assert schema.fieldNames() == ["_partition", "_offset", *persons.schema.names]
+
+
+def test_reclock_files_reads_every_line_of_the_folder_once(tmp_path):
+    from reclock.pyspark_out import FilesDataSource
+
+    for name, values in (("a.jsonl", range(3)), ("b.jsonl", range(3, 5))):
+        (tmp_path / name).write_text("".join(f'{{"n": {v}}}\n' for v in values))
+    source = FilesDataSource({"path": str(tmp_path), "columns": '{"n": "int64"}'})
+    reader = source.reader(source.schema())
+    rows = []
+    for part in reader.partitions():
+        for batch in pickle.loads(pickle.dumps(reader)).read(part):
+            rows += batch.column("n").to_pylist()
+    assert sorted(rows) == [0, 1, 2, 3, 4]
