@@ -179,7 +179,14 @@ class StreamReaderSource(SourceBase):
         pending: list[Any] = []
         for part in self.reader.partitions(start, end):
             for item in self.reader.read(part):
-                pending.extend(item.to_pylist() if isinstance(item, pa.RecordBatch) else [item])
+                if isinstance(item, pa.RecordBatch):  # Arrow in: kept columnar unless a column does not cast
+                    yield from self._batches(encoded, offset, pending, split.end)
+                    offset += len(pending)
+                    pending = []
+                    yield from self._columns(encoded, offset, item, split.end)
+                    offset += item.num_rows
+                    continue
+                pending.append(item)
                 if len(pending) >= _FLUSH_ROWS:
                     yield from self._batches(encoded, offset, pending, split.end)
                     offset += len(pending)
@@ -193,14 +200,51 @@ class StreamReaderSource(SourceBase):
                 "(see reclock.sources.pyspark_in)"
             )
 
-    def _batches(self, encoded: str, first: int, rows: list[Any], end: int) -> Iterator[tuple[str, pa.RecordBatch]]:
-        if not rows:
+    def _columns(
+        self, encoded: str, first: int, batch: pa.RecordBatch, end: int
+    ) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """A batch the reader yielded as Arrow: its columns cast to the schema, with lineage."""
+        if not batch.num_rows:
             return
-        if first + len(rows) > end:
+        self._check_within(encoded, first + batch.num_rows, end)
+        try:
+            arrays = [batch.column(field.name).cast(field.type) for field in self.schema]
+            yield self.output, self._lineaged(encoded, list(range(first, first + batch.num_rows)), arrays)
+            return
+        except (pa.ArrowException, KeyError):
+            pass
+        # Row by row with the same casts, so that a row lands or fails whatever batch it came in.
+        good: list[tuple[int, list[pa.Array]]] = []
+        bad: list[tuple[int, str, str, bytes]] = []
+        for i in range(batch.num_rows):
+            row = batch.slice(i, 1)
+            try:
+                good.append((first + i, [row.column(field.name).cast(field.type) for field in self.schema]))
+            except (pa.ArrowException, KeyError) as exc:
+                message = clip_message(f"{type(exc).__name__}: {exc}")
+                bad.append((first + i, "schema", message, repr(row.to_pylist()[0]).encode()))
+        if good:
+            columns = [pa.concat_arrays([arrays[c] for _, arrays in good]) for c in range(len(self.schema))]
+            yield self.output, self._lineaged(encoded, [o for o, _ in good], columns)
+        if bad:
+            offsets, kinds, messages, raws = zip(*bad, strict=True)
+            yield ERRORS, error_batch(encoded, offsets, kinds, messages, raws)
+
+    def _lineaged(self, encoded: str, offsets: list[int], arrays: list[pa.Array]) -> pa.RecordBatch:
+        lineage = [pa.array([encoded] * len(offsets), pa.string()), pa.array(offsets, pa.int64())]
+        return pa.RecordBatch.from_arrays(lineage + arrays, schema=pa.schema([*LINEAGE_FIELDS, *self.schema]))
+
+    def _check_within(self, encoded: str, past_last: int, end: int) -> None:
+        if past_last > end:
             raise DefiniteSourceError(
                 f"stream reader partition {encoded!r}: the range ending at {end} read more records than "
                 "its offsets count; reclock needs offsets that count records (see reclock.sources.pyspark_in)"
             )
+
+    def _batches(self, encoded: str, first: int, rows: list[Any], end: int) -> Iterator[tuple[str, pa.RecordBatch]]:
+        if not rows:
+            return
+        self._check_within(encoded, first + len(rows), end)
         offsets = list(range(first, first + len(rows)))
         try:
             yield self.output, self._batch(encoded, offsets, rows)
@@ -230,9 +274,9 @@ class StreamReaderSource(SourceBase):
             if any(len(row) != len(names) for row in rows):
                 raise ValueError(f"a row does not have the schema's {len(names)} fields")
             columns = [list(values) for values in zip(*rows, strict=True)]
-        arrays = [pa.array([encoded] * len(rows), pa.string()), pa.array(offsets, pa.int64())]
-        arrays += [pa.array(values, field.type) for values, field in zip(columns, self.schema, strict=True)]
-        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([*LINEAGE_FIELDS, *self.schema]))
+        return self._lineaged(
+            encoded, offsets, [pa.array(values, field.type) for values, field in zip(columns, self.schema, strict=True)]
+        )
 
 
 def _data_source(target: str, options: Mapping[str, Any]) -> DataSource:

@@ -181,3 +181,14 @@ def test_a_pipeline_definition_names_the_data_source_class_and_its_options(tmp_p
     definition["source"]["data_source"] = "tests.unit.test_pyspark_in:Range"
     with pytest.raises(ConfigError, match=r"source\.data_source: must name a pyspark DataSource class"):
         build_source(parse_config(definition), created_at_ms=0)
+
+
+def test_arrow_rows_that_do_not_cast_go_to_errors_and_the_rest_land(tmp_path):
+    source = StreamReaderSource(Keyed({"nested": "1"}), codec=OrderedOffsets(position, offset_at, partition="only"))
+    LOG["only"] = ["1", "x", "3"]  # the reader yields a string column; the schema says bigint
+    Pipeline("t", tmp_path, source, data_plane=LocalDataPlane(), now=FakeClock(1_000)).step()
+    assert _rows(tmp_path) == [("only", 0, 1, 1000), ("only", 2, 3, 1000)]
+    errors = DeltaTable(f"{tmp_path}/t/outputs/_errors").to_pyarrow_table()
+    assert errors.select(["_partition", "_offset", "kind"]).to_pylist() == [
+        {"_partition": "only", "_offset": 1, "kind": "schema"}
+    ]
