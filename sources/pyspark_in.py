@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.types import StructType
 
 from reclock.errors import ConfigError, DefiniteSourceError
@@ -111,8 +112,6 @@ class StreamReaderSource(SourceBase):
     Spark, so it must pickle.
     """
 
-    max_split_offsets = 1_000_000
-
     def __init__(
         self,
         data_source: DataSource | str,
@@ -132,8 +131,8 @@ class StreamReaderSource(SourceBase):
         self.codec: OffsetCodec = codec or PartitionedOffsets()
         struct = spark_schema if isinstance(spark_schema, StructType) else from_arrow_schema(self.schema)
         self.reader: DataSourceStreamReader = data_source.streamReader(struct)
-        self.initial = self.codec.to_frontier(self.reader.initialOffset())
         self._latest: dict[str, Any] = self.reader.initialOffset()
+        self.initial = self.codec.to_frontier(self._latest)
 
     # -- driver side ---------------------------------------------------------------------------
 
@@ -143,8 +142,6 @@ class StreamReaderSource(SourceBase):
     def upper(self) -> Frontier:
         """The probe: ``latestOffset`` from the last offset it returned, with no read limit
         (reclock's backpressure, ``max_batch``, cuts the range afterwards)."""
-        from pyspark.sql.streaming.datasource import ReadAllAvailable
-
         latest = self.reader.latestOffset
         takes_start = len(inspect.signature(latest).parameters) >= 2
         self._latest = latest(self._latest, ReadAllAvailable()) if takes_start else latest()
