@@ -5,8 +5,9 @@ the default demo), a files pipeline (``demo_files``: sensor readings, one JSON-l
 another dropped into an inbox folder) and a generator pipeline (``demo_generator``: the auction
 workload, bounded) run at the same time, each as a normal job in a thread of this process. Each
 stamps its own rows on the one shared timeline. Once every produced record and every written line
-is in, the Kafka and files jobs are asked to stop (the generator finishes by itself), and the
-demo returns the newest into time with a consistent cut across all three:
+is in and their joint upper has passed that moment, the Kafka and files jobs are asked to stop
+(the generator finishes by itself), and the demo returns the newest into time with a consistent
+cut across all three, which holds every record of each:
 :func:`~reclock.persist.asof.latest_cut`, which the CLI reads with ``read_as_of(lake, [...], T)``.
 """
 
@@ -27,7 +28,7 @@ from reclock.persist.asof import latest_cut, readable_upper
 from reclock.persist.lake import Lake
 from reclock.pipeline import Pipeline
 from reclock.status import read_status
-from reclock.time import Frontier, IntoTime
+from reclock.time import Frontier, IntoTime, wall_clock_ms
 
 __all__ = ["PIPELINES", "run_timeline_demo"]
 
@@ -106,7 +107,7 @@ def _run(lake: Lake, inbox: Path, producer: _ProducerProcess, out: TextIO) -> In
         writer.start()
         out.write("demo: the pipelines are running; producing and dropping files\n")
         out.flush()
-        problem = _wait_complete(lake, producer, writer) or _stop_in_turn(lake)
+        problem = _wait_complete(lake, producer, writer) or _time_past(lake, wall_clock_ms())
     finally:
         for name in (KAFKA, FILES):
             job.request_stop(lake, name)
@@ -136,17 +137,14 @@ def _drop_files(inbox: Path) -> None:
         time.sleep(_FILE_EVERY_S)
 
 
-def _stop_in_turn(lake: Lake) -> str | None:
-    """Stop the Kafka job, then the files job once its idle bindings passed Kafka's upper: the
-    newest cut across the three then holds every record of both (the generator has finished)."""
-    job.request_stop(lake, KAFKA)
-    while (read_status(lake, KAFKA) or {}).get("health") != Health.STOPPED.value:
-        time.sleep(_POLL_S)
-    kafka_upper = readable_upper(lake, KAFKA)
+def _time_past(lake: Lake, done_ms: IntoTime) -> str | None:
+    """Wait until the joint upper of the unbounded pipelines passes ``done_ms``, when every record
+    was already in: idle bindings move both on, so the newest cut across the three then holds
+    everything of each, whichever of them had its last data first."""
     deadline = time.monotonic() + 30 * _IDLE_S + 30
-    while readable_upper(lake, FILES) <= kafka_upper:
+    while readable_upper(lake, [KAFKA, FILES]) <= done_ms:
         if time.monotonic() > deadline:
-            return f"{FILES} did not move its time past {KAFKA}'s upper"
+            return f"{KAFKA} and {FILES} did not move their time past {done_ms}"
         time.sleep(_POLL_S)
     return None
 
@@ -159,8 +157,8 @@ def _wait_running(lake: Lake, name: str) -> None:
 
 
 def _wait_complete(lake: Lake, producer: _ProducerProcess, writer: threading.Thread) -> str | None:
-    """Wait until every output of the Kafka pipeline holds every delivered record and the files
-    pipeline every written line; a reason to give up, or ``None``."""
+    """Wait until every output of the Kafka pipeline holds every delivered record, the files
+    pipeline every written line, and the generator has finished; a reason to give up, or ``None``."""
     ends: dict[Any, int] | None = None
     while True:
         time.sleep(_POLL_S)
@@ -180,5 +178,5 @@ def _wait_complete(lake: Lake, producer: _ProducerProcess, writer: threading.Thr
         files_in = not writer.is_alive() and statuses[FILES].get("rows", {}).get("readings", 0) == (
             _FILES * _LINES_PER_FILE
         )
-        if kafka_in and files_in:
+        if kafka_in and files_in and statuses[GENERATOR].get("finished"):
             return None
