@@ -8,13 +8,16 @@ that is exact at any ``T``, whatever maintenance rewrote or vacuumed. An upsert 
 rows, so it is time-travelled to the first version whose label reached ``T``; that version's
 files exist as long as the history window of ``vacuum`` keeps them (``[maintenance]
 history_minutes``), and a read older than that is refused, never answered from other files.
+
+``read_as_of(lake, [a, b, c], T)`` is that cut across pipelines: all their outputs at one ``T``,
+refused unless ``T`` is below their joint readable upper (the least over all of them).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, overload
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -32,7 +35,14 @@ from reclock.time import INTO_TS, IntoTime, label_upper
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["CLOSED_UPPER", "output_upper", "read_as_of", "read_as_of_spark", "readable_upper"]
+__all__ = [
+    "CLOSED_UPPER",
+    "latest_cut",
+    "output_upper",
+    "read_as_of",
+    "read_as_of_spark",
+    "readable_upper",
+]
 
 #: The readable upper of finished pipelines only: every cut is consistent, whatever its time.
 CLOSED_UPPER: IntoTime = 2**63 - 1
@@ -72,14 +82,34 @@ def readable_upper(
     return upper
 
 
+@overload
 def read_as_of(
     lake: LakeLike, pipeline: str, as_of: IntoTime, *, storage_options: Mapping[str, Any] | None = None
-) -> dict[str, pa.Table]:
+) -> dict[str, pa.Table]: ...
+
+
+@overload
+def read_as_of(
+    lake: LakeLike, pipeline: Sequence[str], as_of: IntoTime, *, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, dict[str, pa.Table]]: ...
+
+
+def read_as_of(
+    lake: LakeLike, pipeline: str | Sequence[str], as_of: IntoTime, *, storage_options: Mapping[str, Any] | None = None
+) -> dict[str, pa.Table] | dict[str, dict[str, pa.Table]]:
     """Every output of ``pipeline`` (``_errors`` included) as of ``as_of``, as Arrow tables.
 
-    ``storage_options`` reach a lake in an object store, as for :func:`readable_upper`.
+    Given a list of pipelines, ``{pipeline: {output: table}}``: one cut of all of them at the same
+    ``as_of`` on the shared timeline, refused (``ValueError``) unless ``as_of`` is below their
+    *joint* readable upper, the least over every output of every one of them. Each pipeline is
+    then read as it would be alone: its outputs only gain rows past ``as_of``, so the cut stays
+    what it was while the pipelines run on. ``storage_options`` reach a lake in an object store,
+    as for :func:`readable_upper`.
     """
     lake = Lake.at(lake, storage_options)
+    if not isinstance(pipeline, str):
+        names = _joint(lake, pipeline, as_of)
+        return {name: read_as_of(lake, name, as_of) for name in names}
     tables = _plan(lake, pipeline, as_of)
     out = {}
     for output, table in tables.items():
@@ -90,6 +120,7 @@ def read_as_of(
     return out
 
 
+@overload
 def read_as_of_spark(
     spark: SparkSession,
     lake: LakeLike,
@@ -97,8 +128,30 @@ def read_as_of_spark(
     as_of: IntoTime,
     *,
     storage_options: Mapping[str, Any] | None = None,
-) -> dict[str, DataFrame]:
-    """Like :func:`read_as_of`, as Spark DataFrames over the same files (no Delta jars needed).
+) -> dict[str, DataFrame]: ...
+
+
+@overload
+def read_as_of_spark(
+    spark: SparkSession,
+    lake: LakeLike,
+    pipeline: Sequence[str],
+    as_of: IntoTime,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, dict[str, DataFrame]]: ...
+
+
+def read_as_of_spark(
+    spark: SparkSession,
+    lake: LakeLike,
+    pipeline: str | Sequence[str],
+    as_of: IntoTime,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, DataFrame] | dict[str, dict[str, DataFrame]]:
+    """Like :func:`read_as_of`, as Spark DataFrames over the same files (no Delta jars needed);
+    a list of pipelines is one cut across them, as there.
 
     A local lake's files are read by Spark's own parquet reader; an object-store lake's by Spark
     tasks through the lake's store (:mod:`~reclock.persist.spark_files`: no Hadoop S3 connector
@@ -108,6 +161,9 @@ def read_as_of_spark(
     from pyspark.sql.pandas.types import from_arrow_schema
 
     lake = Lake.at(lake, storage_options)
+    if not isinstance(pipeline, str):
+        names = _joint(lake, pipeline, as_of)
+        return {name: read_as_of_spark(spark, lake, name, as_of) for name in names}
     tables = _plan(lake, pipeline, as_of)
     out = {}
     for output, table in tables.items():
@@ -125,6 +181,33 @@ def read_as_of_spark(
             frame = reader.parquet(*uris) if uris else spark.createDataFrame([], spark_schema)
         out[output] = frame.where(F.col(INTO_TS) <= as_of)
     return out
+
+
+def latest_cut(
+    lake: LakeLike, pipelines: Sequence[str], *, storage_options: Mapping[str, Any] | None = None
+) -> IntoTime:
+    """The newest into time with a consistent cut across ``pipelines``: their joint readable
+    upper - 1, or, when all are finished, the newest of their bindings (everything is in by then)."""
+    lake = Lake.at(lake, storage_options)
+    upper = readable_upper(lake, list(pipelines))
+    if upper == CLOSED_UPPER:
+        upper = max(RemapTable(lake.remap_path(name), lake.store).bindings.upper for name in pipelines)
+    return upper - 1
+
+
+def _joint(lake: Lake, pipelines: Sequence[str], as_of: IntoTime) -> list[str]:
+    """``pipelines`` as a list, once ``as_of`` is known to lie below their joint readable upper."""
+    names = list(dict.fromkeys(pipelines))
+    if not names:
+        raise ValueError("read_as_of: name at least one pipeline")
+    upper = readable_upper(lake, names)
+    if as_of >= upper:
+        held = min(names, key=lambda name: readable_upper(lake, name))
+        raise ValueError(
+            f"pipelines {', '.join(names)}: no consistent cut at {as_of} yet; their joint readable upper is "
+            f"{upper} (held back by {held!r})"
+        )
+    return names
 
 
 def _plan(lake: Lake, pipeline: str, as_of: IntoTime) -> dict[str, DeltaTable]:

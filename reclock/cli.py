@@ -179,9 +179,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--engine", choices=("spark", "local"), default="spark")
     demo.add_argument(
         "--source",
-        choices=("kafka", "generator"),
+        choices=("kafka", "generator", "all"),
         default="kafka",
-        help="kafka: produce to an embedded broker while a Kafka pipeline ingests (default); generator: no broker",
+        help="kafka: produce to an embedded broker while a Kafka pipeline ingests (default); generator: no broker; "
+        "all: a Kafka, a files and a generator pipeline on one lake, read as one cut",
     )
     demo.set_defaults(func=_demo)
 
@@ -209,6 +210,14 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("name", nargs="?")
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=lambda args: cli_status.status(_lake(args), args))
+
+    as_of = commands.add_parser("as-of", help="one consistent cut across pipelines: every output at one into time")
+    as_of.add_argument("names", nargs="+", metavar="name")
+    as_of.add_argument(
+        "--at", type=_count, default=None, help="into time in ms (default: the newest time with a consistent cut)"
+    )
+    as_of.add_argument("--json", action="store_true", help="machine-readable output")
+    as_of.set_defaults(func=lambda args: cli_status.as_of(_lake(args), args))
 
     for name, about in (
         ("batches", "the latest batches of a pipeline, one row per batch partition"),
@@ -312,6 +321,13 @@ def _demo(args: argparse.Namespace) -> int:
     )
     if as_of is None:
         return 1
+    if args.source == "all":
+        from reclock.demo_timeline import PIPELINES
+
+        print()
+        cli_status.as_of(_lake(args), argparse.Namespace(names=PIPELINES, at=as_of, json=False))
+        print()
+        return cli_status.status(_lake(args), argparse.Namespace(name=None, json=False))
     cut = read_as_of(_lake(args), "demo", as_of)
     print(f"\nconsistent as-of read of every output at into time {as_of} ({cli_status.when(as_of)}):")
     print(

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import asdict
 
 import pyarrow as pa
 
 from reclock import detach, job
-from reclock.persist.asof import CLOSED_UPPER, readable_upper
+from reclock.persist.asof import CLOSED_UPPER, latest_cut, read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
@@ -23,7 +24,7 @@ from reclock.sources.base import ERRORS
 from reclock.status import read_status
 from reclock.time import INTO_TS, OFFSET, PARTITION, label_upper
 
-__all__ = ["agg", "show_table", "status", "table", "when"]
+__all__ = ["agg", "as_of", "show_table", "status", "table", "when"]
 
 
 _COLUMNS = {
@@ -102,6 +103,29 @@ def _cell(column: str, value: object) -> str:
     if isinstance(value, str) and len(value) > 80:
         return value[:77] + "..."
     return str(value)
+
+
+def as_of(lake: Lake, args: argparse.Namespace) -> int:
+    """Row counts of every output of ``names`` at one into time, refused past their joint upper."""
+    for name in args.names:
+        job.load(lake, name)
+    at = latest_cut(lake, args.names) if args.at is None else args.at
+    try:
+        cut = read_as_of(lake, args.names, at)
+    except ValueError as exc:
+        print(f"reclock: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(
+            json.dumps({"as_of": at, "pipelines": {p: {o: t.num_rows for o, t in c.items()} for p, c in cut.items()}})
+        )
+        return 0
+    print(f"consistent cut of {', '.join(args.names)} at into time {at} ({when(at)}):")
+    rows = [
+        [p, o, f"{t.num_rows:,}", when(agg(t, min)), when(agg(t, max))] for p, c in cut.items() for o, t in c.items()
+    ]
+    print(table(["pipeline", "output", "rows", "min _into_ts", "max _into_ts"], rows))
+    return 0
 
 
 def status(lake: Lake, args: argparse.Namespace) -> int:

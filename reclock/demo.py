@@ -11,7 +11,8 @@ pipeline ends *stopped*, not *finished*; the demo returns the into time of the c
 holds all of it.
 
 ``source="generator"`` runs the generator straight into the pipeline (no broker, a bounded source
-that finishes) and reads as of its closing binding.
+that finishes) and reads as of its closing binding. ``source="all"`` runs a Kafka, a files and a
+generator pipeline on one lake and reads one cut across them (:mod:`reclock.demo_timeline`).
 
 Production runs in its own process, so on a small machine the producer and the pipeline each get a
 core; its speed is kafka-python's per-record ``send()`` (about 25k records/s here whatever the
@@ -44,8 +45,8 @@ __all__ = ["DEMO", "DEMO_PARTITIONS", "SOURCES", "run_demo"]
 
 #: The demo pipeline's name (its folder in the lake).
 DEMO = "demo"
-#: What ``run_demo(source=...)`` accepts.
-SOURCES = ("kafka", "generator")
+#: What ``run_demo(source=...)`` accepts; ``all`` is :mod:`reclock.demo_timeline`.
+SOURCES = ("kafka", "generator", "all")
 #: Generator partitions, and partitions of each Kafka topic: event ``(gen-i, o)`` goes to partition ``i``.
 DEMO_PARTITIONS = 4
 
@@ -75,6 +76,10 @@ def run_demo(
     """
     if source not in SOURCES:
         raise ConfigError("source", f"must be one of {', '.join(SOURCES)}, got {source!r}")
+    if source == "all":
+        from reclock.demo_timeline import run_timeline_demo
+
+        return run_timeline_demo(lake, events=events, rate=rate, engine=engine, out=out)
     lake.store.delete_tree(lake.pipeline_dir(DEMO))
     if source == "generator":
         return _generator_demo(lake, events=events, rate=rate, engine=engine, out=out)
