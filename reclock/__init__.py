@@ -35,6 +35,7 @@ _LAZY = {
     "read_as_of_spark": "reclock.persist.asof",
     "readable_upper": "reclock.persist.asof",
     "Lake": "reclock.persist.lake",
+    "Shape": "reclock.shaping",
 }
 
 __all__ = [

@@ -7,7 +7,9 @@ tests without a JVM) and the Spark plane (real work, a cluster) cannot drift apa
 2. stamps every row with ``_into_ts`` from the batch's :class:`~reclock.stamp.Stamper`;
 3. drops rows stamped below their output's upper: those are already durable (a resumed batch
    re-reads from the slowest output's frontier, faster outputs must not get them twice);
-4. shapes the rows to the output table's schema and writes parquet files into its folder;
+4. routes the rows to their outputs, through each route's transform if it has one
+   (:mod:`reclock.shaping`: rows a transform rejects go to ``_errors``, rows it filters out are
+   counted), shapes them to the output table's schema and writes parquet files into its folder;
 5. returns a :class:`SplitResult`: the files' metadata and row counts, or the error that stopped
    it. Nothing is visible until the driver commits.
 
@@ -35,6 +37,7 @@ import pyarrow.compute as pc
 from reclock.errors import ContractError, ErrorKind, classify, describe
 from reclock.persist.sink import DELETED, DataFile, discard_data_file, write_data_file
 from reclock.persist.store import LOCAL, Store
+from reclock.shaping import Route, apply_route
 from reclock.sources.base import ERRORS, Source, Split, error_batch
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
@@ -70,6 +73,9 @@ class BatchPlan:
     envelopes: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     #: The lake's store: tasks write their files straight into it (a folder or an object store).
     store: Store = LOCAL
+    #: Per shaped source output, the outputs its rows go to (see :mod:`reclock.shaping`); a source
+    #: output not named here lands its rows as read in the output of its name.
+    routes: Mapping[str, tuple[Route, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -79,6 +85,7 @@ class SplitResult:
     split: Split
     files: list[DataFile] = field(default_factory=list)
     rows: int = 0
+    filtered: int = 0  # rows a transform dropped on purpose (WHERE): counted, not stored
     bytes_read: int = 0
     earliest: int | None = None  # least source offset read
     latest: int | None = None  # greatest source offset read
@@ -225,7 +232,7 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
     started = time.time()
     task = _Task(plan)
-    stats = {"rows": 0, "bytes_read": 0, "earliest": None, "latest": None}
+    stats = {"rows": 0, "filtered": 0, "bytes_read": 0, "earliest": None, "latest": None}
     try:
         partition = encode_partition(split.partition)
         for output, batch in plan.source.read(split):
@@ -235,9 +242,9 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
                 lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
                 stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
                 stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
-            landed = task.land(output, batch, partition, f"split {split!r}")
-            stats["rows"] += landed.num_rows if landed is not None else 0
+            stats["rows"] += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
         files = task.finish()
+        stats["filtered"] = sum(t.num_rows for t in task.filtered)
     except Exception as exc:
         task.discard()
         return _failed(split, started, exc)
@@ -260,10 +267,11 @@ def run_group(
     try:
         for output, batch in read_group(splits):
             owners.read(batch)
-            landed = task.land(output, batch, None, f"the task of {len(splits)} splits")
-            if landed is not None:
+            for landed in task.land(output, batch, None, f"the task of {len(splits)} splits"):
                 owners.landed(landed)
         files = task.finish()
+        for dropped in task.filtered:
+            owners.dropped(dropped)
     except Exception as exc:
         task.discard()
         log.info("a task of %d splits failed as a group (%s); reading them one by one", len(splits), exc)
@@ -287,27 +295,58 @@ def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
 
 class _Task:
     """What one task lands: stamped, filtered, shaped rows pending per output, flushed to a
-    parquet file every ``file_rows`` rows."""
+    parquet file every ``file_rows`` rows; and the lineage of rows transforms filtered out."""
 
     def __init__(self, plan: BatchPlan) -> None:
         self.plan = plan
         self.pending: dict[str, list[pa.Table]] = {}
         self.counts: dict[str, int] = {}
         self.files: list[DataFile] = []
+        self.filtered: list[pa.Table] = []
 
-    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> pa.Table | None:
-        """Stamp, filter and shape ``batch``; the rows it adds to ``output`` (``None``: none).
+    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> list[pa.Table]:
+        """Stamp ``batch`` and land it in every output its routes name; the rows added, per table.
         ``partition`` is the partition every row should have, if the reader covers one."""
         plan = self.plan
-        schema = plan.schemas.get(output)
-        if schema is None:
+        if output not in plan.schemas:
             raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
         into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
         if len(into) and (into == UNBOUND).any():
             raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
+        landed: list[pa.Table] = []
+        for route in plan.routes.get(output, (Route(output),)):
+            if route.shape is None:
+                landed += self._as_read(route.output, batch, into)
+            else:
+                landed += self._shaped(route, batch, into)
+        return landed
+
+    def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
+        """Rows through ``route``'s transform. Rows are evaluated while the output *or* ``_errors``
+        lacks them, so a crash between those two commits still lands each rejected row once."""
+        plan = self.plan
+        upper, errors_upper = plan.uppers[route.output], plan.uppers[ERRORS]
+        keep = into >= min(upper, errors_upper)
+        if not keep.any():
+            return []
+        table = pa.Table.from_batches([batch]).append_column(INTO_TS, pa.array(into, pa.int64()))
+        outcome = apply_route(route, table if keep.all() else table.filter(pa.array(keep)))
+        rows = outcome.rows.filter(pc.greater_equal(outcome.rows.column(INTO_TS), upper))
+        shaped = output_rows(rows, rows.column(INTO_TS).to_numpy(), plan.schemas[route.output])
+        errors = outcome.errors.filter(pc.greater_equal(outcome.errors.column(INTO_TS), errors_upper))
+        rejected = output_rows(errors, errors.column(INTO_TS).to_numpy(), plan.schemas[ERRORS])
+        self.filtered.append(outcome.filtered.filter(pc.greater_equal(outcome.filtered.column(INTO_TS), upper)))
+        for name, part in ((route.output, shaped), (ERRORS, rejected)):
+            if part.num_rows:
+                self._add(name, part)
+        return [shaped, rejected]
+
+    def _as_read(self, output: str, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
+        plan = self.plan
+        schema = plan.schemas[output]
         keep = into >= plan.uppers[output]
         if not keep.any():
-            return None
+            return []
         envelope, key = plan.envelopes.get(output, ("append", ()))
         shaped = output_rows(_unwrap(batch, envelope, key), into, schema)
         if not keep.all():
@@ -318,7 +357,7 @@ class _Task:
             if orphans.num_rows:
                 self._add(ERRORS, orphans)
         self._add(output, shaped)
-        return shaped
+        return [shaped]
 
     def _add(self, output: str, table: pa.Table) -> None:
         self.pending.setdefault(output, []).append(table)
@@ -350,6 +389,7 @@ class _Owners:
         for i, split in enumerate(splits):
             self.by_partition.setdefault(encode_partition(split.partition), []).append(i)
         self.rows = [0] * len(splits)
+        self.filtered = [0] * len(splits)
         self.bytes = [0] * len(splits)
         self.earliest: list[int | None] = [None] * len(splits)
         self.latest: list[int | None] = [None] * len(splits)
@@ -366,9 +406,15 @@ class _Owners:
         for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
             self.rows[i] += len(offsets)
 
+    def dropped(self, table: pa.Table) -> None:
+        """Rows a transform filtered out, by the split they came from."""
+        for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
+            self.filtered[i] += len(offsets)
+
     def stats(self, i: int) -> dict[str, Any]:
         return {
             "rows": self.rows[i],
+            "filtered": self.filtered[i],
             "bytes_read": self.bytes[i],
             "earliest": self.earliest[i],
             "latest": self.latest[i],

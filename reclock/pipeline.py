@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -53,6 +53,7 @@ from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
 from reclock.settings import Maintenance, Settings
+from reclock.shaping import Shape, route_outputs
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source, error_batch
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
 
@@ -116,7 +117,9 @@ class Pipeline:
         maintenance: Maintenance | None = None,
         now: Callable[[], int] = wall_clock_ms,
         on_step: Callable[[str], None] | None = None,
+        shapes: Sequence[Shape] = (),
     ) -> None:
+        """``shapes``: outputs shaped from the source's (transforms, routes; see :mod:`reclock.shaping`)."""
         if not NAME_PATTERN.match(name):
             raise ConfigError("name", f"pipeline name {name!r} must be an identifier of at most 64 characters")
         self.name = name
@@ -130,7 +133,7 @@ class Pipeline:
         self.last_error: str | None = None
         self._now = now
         self._on_step = on_step or (lambda step: None)
-        self.outputs = _outputs_of(source)
+        self.outputs, self.routes = route_outputs(_outputs_of(source), shapes)
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
         self.sinks = {
@@ -360,6 +363,7 @@ class Pipeline:
             file_rows=self.settings.file_rows,
             envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
             store=self.lake.store,
+            routes=self.routes,
         )
         # Step 4: write.
         started = wall_clock_ms()
