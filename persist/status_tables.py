@@ -54,6 +54,7 @@ STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
             ("state", _S),
             ("partition", _S),
             ("rows", _I),
+            ("filtered", _I),  # rows transforms dropped on purpose (WHERE), counted, not stored
             ("bytes", _I),
             ("earliest_offset", _I),
             ("latest_offset", _I),
@@ -123,7 +124,10 @@ class StatusTables:
             path = self.lake.status_table_path(name)
             data = pa.Table.from_pylist(rows, schema=STATUS_SCHEMAS[name])
             try:
-                write_deltalake(str(path), data, mode="append", storage_options=self.lake.store.delta_options)
+                # merge: a lake written before a column was added (``filtered``) takes it on.
+                write_deltalake(
+                    str(path), data, mode="append", schema_mode="merge", storage_options=self.lake.store.delta_options
+                )
             except Exception as exc:  # observability must never take the pipeline down
                 log.warning("could not write status table %s: %s", name, exc)
         self._flushes += 1

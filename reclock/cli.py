@@ -252,6 +252,7 @@ _COLUMNS = {
         "state",
         "partition",
         "rows",
+        "filtered",
         "bytes",
         "earliest_offset",
         "latest_offset",

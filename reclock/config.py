@@ -29,6 +29,10 @@ Example::
     kind = "generator"
     rate = 20000
     limit = 200000
+
+    [outputs.big_bids]         # optional: shaped outputs (docs/shaping.md)
+    from = "bids"
+    sql = "SELECT auction, price FROM input WHERE price > 1000"
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from reclock.errors import ConfigError
 from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
+from reclock.shaping import Shape, shapes_from_toml, shapes_to_toml
 from reclock.sources.base import Source
 
 __all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_config", "parse_config", "redacted"]
@@ -72,6 +77,8 @@ class PipelineConfig:
     #: How ``create`` reaches an object-store lake, as written (``${NAME}`` not expanded). Not part
     #: of the stored definition: they say how to reach the lake, which a reader of it already knew.
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: ``[outputs.<name>]``: outputs shaped from the source's, by SQL (see :mod:`reclock.shaping`).
+    shapes: tuple[Shape, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say, less
@@ -95,6 +102,7 @@ class PipelineConfig:
             },
             "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
             "source": dict(self.source),
+            **({"outputs": shapes_to_toml(self.shapes)} if self.shapes else {}),
         }
 
 
@@ -123,7 +131,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
 
-    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options"}, "", fail)
+    _only(raw, {"pipeline", "spark", "maintenance", "source", "storage_options", "outputs"}, "", fail)
     pipeline = _section(raw, "pipeline", fail, required=True)
     storage_options = dict(_section(raw, "storage_options", fail))
     try:
@@ -133,6 +141,10 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     spark = _section(raw, "spark", fail)
     maintenance = _maintenance(_section(raw, "maintenance", fail), fail)
     source = dict(_section(raw, "source", fail, required=True))
+    try:
+        shapes = shapes_from_toml(_section(raw, "outputs", fail))
+    except ConfigError as exc:
+        raise fail(exc.field, exc.reason) from None
     _only(
         pipeline,
         {"name", "lake", "engine", "status_retention_days", "metrics_port", *(f.name for f in fields(Settings))},
@@ -190,6 +202,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         maintenance,
         background,
         storage_options,
+        shapes,
     )
     from reclock.persist.lake import NAME_PATTERN
 

@@ -36,6 +36,7 @@ from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
 from reclock.pipeline import BatchReport, BatchState, Pipeline
 from reclock.resumption import resume_upper
+from reclock.shaping import route_outputs
 from reclock.sources.base import Source
 from reclock.sources.files import FilesSource
 from reclock.status import HEARTBEAT_S, Status, write_status
@@ -61,7 +62,11 @@ def create(
     The lake is reached with the config's ``[storage_options]`` and then ``storage_options`` (the
     command line's, which win); neither is stored in the definition (see :func:`lake_of`).
     """
-    build_source(config, created_at_ms=now(), file=file)
+    source = build_source(config, created_at_ms=now(), file=file)
+    try:
+        route_outputs({o.name: o for o in source.outputs()}, config.shapes)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
     definition = config.to_dict()
@@ -214,6 +219,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         data_plane=_data_plane(config, source),
         settings=config.settings,
         maintenance=config.maintenance,
+        shapes=config.shapes,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(
@@ -300,6 +306,7 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
                 "state": report.state.value if not r.error else BatchState.FAILED.value,
                 "partition": r.partition,
                 "rows": r.rows,
+                "filtered": r.filtered,
                 "bytes": r.bytes_read,
                 "earliest_offset": r.earliest,
                 "latest_offset": r.latest,
