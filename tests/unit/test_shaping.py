@@ -11,6 +11,7 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reclock.cli import main
 from reclock.config import parse_config
 from reclock.errors import ConfigError, ContractError
 from reclock.persist.lake import Lake
@@ -284,3 +285,32 @@ def test_a_crash_anywhere_replays_to_the_same_rows_and_errors_once(tmp_path, ste
         order = [(PARTITION, "ascending"), (OFFSET, "ascending")]
         assert crashed[name].sort_by(order).equals(table.sort_by(order)), name
     assert clean["_errors"].num_rows == sum(1 for p in rows.values() for r in p if r["num"] >= 0 and r["den"] == 0)
+
+
+GENERATOR = """
+[pipeline]
+name = "orders"
+lake = "lake"
+engine = "local"
+
+[source]
+kind = "generator"
+limit = 100
+"""
+
+
+@pytest.mark.parametrize(
+    ("outputs", "says"),
+    [
+        ('[outputs.big]\nfrom = "bid"\nsql = "SELECT price FROM input"', "outputs.big.from: the source has no output"),
+        ('[outputs.big]\nfrom = "bids"\nsql = "SELECT nope FROM input"', "outputs.big.sql: "),
+        ('[outputs.big]\nfrom = "bids"\nsql = "SELECT now() AS t FROM input"', "outputs.big.sql: now() is not"),
+    ],
+)
+def test_create_reports_a_bad_shaped_output_in_one_line_and_stores_nothing(tmp_path, capsys, outputs, says):
+    path = tmp_path / "p.toml"
+    path.write_text(GENERATOR + outputs)
+    assert main(["create", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: {says}" in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "lake" / "orders").exists()
