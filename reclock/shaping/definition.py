@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
-from reclock.shaping.engine import run_sql
+from reclock.shaping.engine import batch_dependence, run_sql
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Output
 from reclock.time import INTO_TS, OFFSET, PARTITION
 
@@ -91,6 +91,7 @@ _BARE = frozenset({"current_timestamp", "current_date", "current_time", "localti
 _QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
 _CALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*(\()?")
 _SELECT = re.compile(r"^\s*select\s", re.IGNORECASE)
+_DISTINCT = re.compile(r"^\s*select\s+distinct\b", re.IGNORECASE)
 _RESERVED = re.compile(r"__reclock", re.IGNORECASE)
 
 
@@ -188,10 +189,22 @@ def _resolve(shape: Shape, source: Output, where: str) -> Route:
         check_deterministic(shape.sql, field_name)
         if _RESERVED.search(shape.sql):
             raise ConfigError(field_name, "names starting with __reclock are reclock's own")
+        try:
+            across = "Distinct" if _DISTINCT.match(shape.sql) else batch_dependence(shape.sql, empty)
+        except Exception as exc:  # the engine's own message says what is wrong with the query
+            raise ConfigError(field_name, _first_line(exc)) from None
+        if across is not None:
+            raise ConfigError(
+                field_name,
+                f"{across} in the query: a transform computes each row from its record alone (SELECT ... FROM "
+                "input WHERE ...), so that how records are grouped into batches never changes a row",
+            )
         query = _SELECT.sub(f"SELECT {ROW} AS {ID}, ", shape.sql, count=1)
         try:
             result = run_sql(query, with_rows(empty))
-        except Exception as exc:  # the engine's own message says what is wrong with the query
+        except Exception as exc:
+            if _RESERVED.search(str(exc)):  # the rewrite's identity column is out of its reach
+                raise ConfigError(field_name, "must select FROM input itself, not from a subquery") from None
             raise ConfigError(field_name, _first_line(exc)) from None
         own = own_schema(result.schema, (ID,), field_name)
         return Route(shape.name, shape, query, shape.schema or own)

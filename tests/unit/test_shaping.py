@@ -115,7 +115,15 @@ def test_bad_outputs_tables_name_their_field(outputs, field, message):
     ("shape", "field", "message"),
     [
         (Shape("m", sql="SELECT nope FROM input"), "outputs.m.sql", "nope"),
-        (Shape("m", sql="SELECT count(*) AS n FROM input"), "outputs.m.sql", ""),
+        (Shape("m", sql="SELECT count(*) AS n FROM input"), "outputs.m.sql", "Aggregate in the query"),
+        (Shape("m", sql="SELECT num FROM input GROUP BY num"), "outputs.m.sql", "Aggregate in the query"),
+        (Shape("m", sql="SELECT DISTINCT num FROM input"), "outputs.m.sql", "Distinct in the query"),
+        (Shape("m", sql="SELECT num FROM input ORDER BY num LIMIT 3"), "outputs.m.sql", "Limit in the query"),
+        (Shape("m", sql="SELECT row_number() OVER () AS r FROM input"), "outputs.m.sql", "WindowExpr in the"),
+        (Shape("m", sql="SELECT num FROM input WHERE num > (SELECT avg(num) FROM input)"), "outputs.m.sql", "Subquery"),
+        (Shape("m", sql="SELECT x.num FROM input x JOIN input y ON x.num = y.den"), "outputs.m.sql", "Join in the"),
+        (Shape("m", sql="SELECT num FROM input UNION ALL SELECT den FROM input"), "outputs.m.sql", "Union in the"),
+        (Shape("m", sql="SELECT * FROM (SELECT num FROM input) s"), "outputs.m.sql", "not from a subquery"),
         (Shape("m", sql="SELECT num AS _mine FROM input"), "outputs.m.sql", "'_mine'"),
         (Shape("m", sql="SELECT NULL AS nothing FROM input"), "outputs.m.sql", "no type"),
         (Shape("m", sql="WITH t AS (SELECT * FROM input) SELECT num FROM t"), "outputs.m.sql", "one SELECT"),
@@ -131,6 +139,11 @@ def test_definitions_are_checked_against_the_source_before_anything_runs(shape, 
         route(shape)
     assert caught.value.field == field and message in caught.value.reason
     assert "\n" not in str(caught.value)
+
+
+def test_row_by_row_queries_may_alias_input_and_select_everything():
+    resolved, _ = route(Shape("m", sql="SELECT *, i.num * 2 AS twice FROM input i WHERE i.den IS NOT NULL"))
+    assert resolved["m"].schema.names == ["num", "den", "twice"]
 
 
 def test_only_append_outputs_are_shaped():
