@@ -51,6 +51,7 @@ class Outcome:
 def apply_route(route: Route, table: pa.Table) -> Outcome:
     """Run ``route``'s transform over ``table`` (lineage, the source output's columns, ``_into_ts``)."""
     assert route.shape is not None and route.schema is not None, "a route without a transform lands rows as read"
+    table = _conform(route, table)
     good: list[tuple[int, int, object]] = []
     bad: list[tuple[int, str]] = []
     if table.num_rows:
@@ -72,6 +73,18 @@ def apply_route(route: Route, table: pa.Table) -> Outcome:
         _errors(route, table, bad),
         table.select(list(_LINEAGE)).filter(pa.array(~landed)),
     )
+
+
+def _conform(route: Route, table: pa.Table) -> pa.Table:
+    """``table`` as the transform was checked against: its columns, in order, of their types."""
+    assert route.input is not None
+    columns = []
+    for target in route.input:
+        if target.name not in table.column_names:
+            raise ContractError(f"source batch lacks column {target.name!r} of output {route.output!r}'s input")
+        column = table.column(target.name)
+        columns.append(column if column.type == target.type else column.cast(target.type))
+    return pa.Table.from_arrays(columns, schema=route.input)
 
 
 def _isolate(route: Route, table: pa.Table, start: int, stop: int, good: list, bad: list, fails: bool = False) -> bool:

@@ -125,6 +125,9 @@ class Route:
     shape: Shape | None = None
     query: str | None = None
     schema: pa.Schema | None = None  # the output's own columns, for a shaped output
+    #: What the transform reads (:func:`input_schema`): a batch is conformed to it first, so a
+    #: source that breaks its contract fails the batch instead of sending every row to ``_errors``.
+    input: pa.Schema | None = None
 
 
 def check_deterministic(sql: str, where: str) -> None:
@@ -207,16 +210,17 @@ def _resolve(shape: Shape, source: Output, where: str) -> Route:
                 raise ConfigError(field_name, "must select FROM input itself, not from a subquery") from None
             raise ConfigError(field_name, _first_line(exc)) from None
         own = own_schema(result.schema, (ID,), field_name)
-        return Route(shape.name, shape, query, shape.schema or own)
+        return Route(shape.name, shape, query, shape.schema or own, empty.schema)
     field_name = f"{where}.function"
     if shape.schema is not None:
-        return Route(shape.name, shape, None, shape.schema)
+        return Route(shape.name, shape, None, shape.schema, empty.schema)
     try:
         result = shape.function(_empty_batch(empty.schema))  # type: ignore[misc]
     except Exception as exc:
         message = f"fails on an empty batch ({_first_line(exc)}); give the output's schema"
         raise ConfigError(field_name, message) from None
-    return Route(shape.name, shape, None, own_schema(_schema_of(result, field_name), (PARTITION, OFFSET), field_name))
+    own = own_schema(_schema_of(result, field_name), (PARTITION, OFFSET), field_name)
+    return Route(shape.name, shape, None, own, empty.schema)
 
 
 def with_rows(table: pa.Table) -> pa.Table:

@@ -213,6 +213,11 @@ def test_lineage_comes_from_the_record_whatever_the_sql_selects():
     assert out.column(PARTITION).to_pylist() == ["p0", "p0"]
 
 
+def test_a_source_batch_without_a_declared_column_fails_the_batch_instead_of_erroring_every_row():
+    with pytest.raises(ContractError, match="lacks column 'den'"):
+        apply_route(shaped(), batch([1, 2], [1, 1]).drop_columns(["den"]))
+
+
 def test_a_python_transform_that_rewrites_lineage_is_refused():
     def shift(b: pa.RecordBatch) -> pa.RecordBatch:
         return b.set_column(b.schema.get_field_index(OFFSET), OFFSET, pc.add(b.column(OFFSET), 100))
