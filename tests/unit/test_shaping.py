@@ -332,3 +332,9 @@ def test_create_reports_a_bad_shaped_output_in_one_line_and_stores_nothing(tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"{path}: {says}" in err[0] and "Traceback" not in err[0]
     assert not (tmp_path / "lake" / "orders").exists()
+
+
+def test_the_shaping_guide_keeps_its_runnable_examples_marked():
+    from tests.unit.test_docs_examples import EXAMPLES
+
+    assert {"shaping.md::toml", "shaping.md::python-api"} <= set(EXAMPLES)
