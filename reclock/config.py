@@ -51,10 +51,18 @@ from reclock.errors import ConfigError
 from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
-from reclock.shaping import Shape, shapes_from_toml, shapes_to_toml
+from reclock.shaping import Shape, route_outputs, shapes_from_toml, shapes_to_toml
 from reclock.sources.base import Source
 
-__all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_config", "parse_config", "redacted"]
+__all__ = [
+    "PipelineConfig",
+    "build_source",
+    "check_shapes",
+    "expand_storage_options",
+    "load_config",
+    "parse_config",
+    "redacted",
+]
 
 _ENGINES = ("spark", "local")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -257,6 +265,14 @@ def build_source(
         raise ConfigError(f"source.{exc.field}", message, file=file) from None
     except (TypeError, ValueError) as exc:  # a source that did not say which option: still one line
         raise ConfigError("source", _conceal(f"{type(exc).__name__}: {exc}", hidden), file=file) from None
+
+
+def check_shapes(config: PipelineConfig, source: Source, *, file: str | None = None) -> None:
+    """``[outputs]`` against the source's outputs, before anything is stored (see :func:`route_outputs`)."""
+    try:
+        route_outputs({o.name: o for o in source.outputs()}, config.shapes)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None
 
 
 def expand_storage_options(options: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:

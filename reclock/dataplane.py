@@ -7,9 +7,8 @@ tests without a JVM) and the Spark plane (real work, a cluster) cannot drift apa
 2. stamps every row with ``_into_ts`` from the batch's :class:`~reclock.stamp.Stamper`;
 3. drops rows stamped below their output's upper: those are already durable (a resumed batch
    re-reads from the slowest output's frontier, faster outputs must not get them twice);
-4. routes the rows to their outputs, through each route's transform if it has one
-   (:mod:`reclock.shaping`: rows a transform rejects go to ``_errors``, rows it filters out are
-   counted), shapes them to the output table's schema and writes parquet files into its folder;
+4. routes rows to their outputs, through transforms (:mod:`reclock.shaping`: errors to ``_errors``,
+   filtered rows counted), shapes them to each table's schema and writes parquet files there;
 5. returns a :class:`SplitResult`: the files' metadata and row counts, or the error that stopped
    it. Nothing is visible until the driver commits.
 
@@ -37,7 +36,7 @@ import pyarrow.compute as pc
 from reclock.errors import ContractError, ErrorKind, classify, describe
 from reclock.persist.sink import DELETED, DataFile, discard_data_file, write_data_file
 from reclock.persist.store import LOCAL, Store
-from reclock.shaping import Route, apply_route
+from reclock.shaping import Route, shape_batch
 from reclock.sources.base import ERRORS, Source, Split, error_batch
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
@@ -73,8 +72,7 @@ class BatchPlan:
     envelopes: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     #: The lake's store: tasks write their files straight into it (a folder or an object store).
     store: Store = LOCAL
-    #: Per shaped source output, the outputs its rows go to (see :mod:`reclock.shaping`); a source
-    #: output not named here lands its rows as read in the output of its name.
+    #: Per shaped source output, where its rows go (:mod:`reclock.shaping`); others land as read.
     routes: Mapping[str, tuple[Route, ...]] = field(default_factory=dict)
 
 
@@ -315,27 +313,12 @@ class _Task:
             raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
         landed: list[pa.Table] = []
         for route in plan.routes.get(output, (Route(output),)):
-            if route.shape is None:
-                landed += self._as_read(route.output, batch, into)
-            else:
-                landed += self._shaped(route, batch, into)
+            landed += self._shaped(route, batch, into) if route.shape else self._as_read(route.output, batch, into)
         return landed
 
     def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
-        """Rows through ``route``'s transform. Rows are evaluated while the output *or* ``_errors``
-        lacks them, so a crash between those two commits still lands each rejected row once."""
-        plan = self.plan
-        upper, errors_upper = plan.uppers[route.output], plan.uppers[ERRORS]
-        keep = into >= min(upper, errors_upper)
-        if not keep.any():
-            return []
-        table = pa.Table.from_batches([batch]).append_column(INTO_TS, pa.array(into, pa.int64()))
-        outcome = apply_route(route, table if keep.all() else table.filter(pa.array(keep)))
-        rows = outcome.rows.filter(pc.greater_equal(outcome.rows.column(INTO_TS), upper))
-        shaped = output_rows(rows, rows.column(INTO_TS).to_numpy(), plan.schemas[route.output])
-        errors = outcome.errors.filter(pc.greater_equal(outcome.errors.column(INTO_TS), errors_upper))
-        rejected = output_rows(errors, errors.column(INTO_TS).to_numpy(), plan.schemas[ERRORS])
-        self.filtered.append(outcome.filtered.filter(pc.greater_equal(outcome.filtered.column(INTO_TS), upper)))
+        shaped, rejected, filtered = shape_batch(route, batch, into, self.plan.uppers, self.plan.schemas)
+        self.filtered.append(filtered)
         for name, part in ((route.output, shaped), (ERRORS, rejected)):
             if part.num_rows:
                 self._add(name, part)
@@ -406,8 +389,7 @@ class _Owners:
         for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
             self.rows[i] += len(offsets)
 
-    def dropped(self, table: pa.Table) -> None:
-        """Rows a transform filtered out, by the split they came from."""
+    def dropped(self, table: pa.Table) -> None:  # rows a transform filtered out
         for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
             self.filtered[i] += len(offsets)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
-from reclock.config import PipelineConfig, build_source, expand_storage_options, parse_config, redacted
+from reclock.config import PipelineConfig, build_source, check_shapes, expand_storage_options, parse_config, redacted
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.file_states import FileStatus, drop_refusal, read_file_states
@@ -36,7 +36,6 @@ from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
 from reclock.pipeline import BatchReport, BatchState, Pipeline
 from reclock.resumption import resume_upper
-from reclock.shaping import route_outputs
 from reclock.sources.base import Source
 from reclock.sources.files import FilesSource
 from reclock.status import HEARTBEAT_S, Status, write_status
@@ -62,11 +61,7 @@ def create(
     The lake is reached with the config's ``[storage_options]`` and then ``storage_options`` (the
     command line's, which win); neither is stored in the definition (see :func:`lake_of`).
     """
-    source = build_source(config, created_at_ms=now(), file=file)
-    try:
-        route_outputs({o.name: o for o in source.outputs()}, config.shapes)
-    except ConfigError as exc:
-        raise ConfigError(exc.field, exc.reason, file=file) from None
+    check_shapes(config, build_source(config, created_at_ms=now(), file=file), file=file)
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
     definition = config.to_dict()

@@ -5,7 +5,7 @@ SQL (DataFusion), :mod:`.apply` runs a route's transform over a batch in a task.
 ``docs/shaping.md``.
 """
 
-from reclock.shaping.apply import TRANSFORM_ERROR, Outcome, apply_route
+from reclock.shaping.apply import TRANSFORM_ERROR, Outcome, apply_route, shape_batch
 from reclock.shaping.definition import (
     Route,
     Shape,
@@ -25,6 +25,7 @@ __all__ = [
     "apply_route",
     "check_deterministic",
     "route_outputs",
+    "shape_batch",
     "shapes_from_toml",
     "shapes_to_toml",
 ]

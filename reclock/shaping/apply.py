@@ -21,18 +21,20 @@ one record, a missing column or one of another type) is a broken transform: rais
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reclock.errors import ContractError
 from reclock.shaping.definition import ID, Route, with_rows
 from reclock.shaping.engine import run_sql
-from reclock.sources.base import clip_message, error_batch
+from reclock.sources.base import ERRORS, clip_message, error_batch
 from reclock.time import INTO_TS, OFFSET, PARTITION
 
-__all__ = ["TRANSFORM_ERROR", "Outcome", "apply_route"]
+__all__ = ["TRANSFORM_ERROR", "Outcome", "apply_route", "shape_batch"]
 
 #: ``kind`` of an ``_errors`` row a transform rejected.
 TRANSFORM_ERROR = "transform"
@@ -46,6 +48,27 @@ class Outcome:
     rows: pa.Table  # own columns, then _partition, _offset, _into_ts
     errors: pa.Table  # an error batch's columns, then _into_ts
     filtered: pa.Table  # _partition, _offset, _into_ts of the rows dropped on purpose
+
+
+def shape_batch(
+    route: Route, batch: pa.RecordBatch, into: np.ndarray, uppers: Mapping[str, int], schemas: Mapping[str, pa.Schema]
+) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """A task's stamped source batch through ``route``: the rows its output lacks and the rows
+    ``_errors`` lacks, each in its table's write schema, and the lineage of the rows filtered out
+    that the output lacks. Rows are evaluated while the output *or* ``_errors`` lacks them, so a
+    crash between those two commits still lands each rejected row exactly once."""
+    upper, errors_upper = uppers[route.output], uppers[ERRORS]
+    keep = into >= min(upper, errors_upper)
+    table = pa.Table.from_batches([batch]).append_column(INTO_TS, pa.array(into, pa.int64()))
+    outcome = apply_route(route, table if keep.all() else table.filter(pa.array(keep)))
+    rows = outcome.rows.filter(pc.greater_equal(outcome.rows.column(INTO_TS), upper))
+    errors = outcome.errors.filter(pc.greater_equal(outcome.errors.column(INTO_TS), errors_upper))
+    output, errors_schema = schemas[route.output], schemas[ERRORS]
+    return (
+        rows.select(output.names).cast(output),
+        errors.select(errors_schema.names).cast(errors_schema),
+        outcome.filtered.filter(pc.greater_equal(outcome.filtered.column(INTO_TS), upper)),
+    )
 
 
 def apply_route(route: Route, table: pa.Table) -> Outcome:
