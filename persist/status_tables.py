@@ -54,6 +54,7 @@ STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
             ("state", _S),
             ("partition", _S),
             ("rows", _I),
+            ("filtered", _I),  # rows transforms dropped on purpose (WHERE), counted, not stored
             ("bytes", _I),
             ("earliest_offset", _I),
             ("latest_offset", _I),

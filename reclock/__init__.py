@@ -36,6 +36,7 @@ _LAZY = {
     "readable_upper": "reclock.persist.asof",
     "Lake": "reclock.persist.lake",
     "Window": "reclock.windows",
+    "Shape": "reclock.shaping",
 }
 
 __all__ = [

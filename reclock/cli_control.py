@@ -109,6 +109,7 @@ def _redrive(lake: Lake, args: argparse.Namespace) -> int:
     landed = ", ".join(f"{rows} into {output}" for output, rows in sorted(report.landed.items())) or "nothing"
     print(
         f"pipeline {args.name!r}: landed {landed}; still failing {report.still_bad}, landed before {report.already}, "
-        f"gone from the source {report.gone}, not re-driven into upsert/debezium outputs {report.not_append}"
+        f"gone from the source {report.gone}, "
+        f"not re-driven into upsert, debezium or partitioned outputs {report.not_append}"
     )
     return 0

@@ -33,6 +33,7 @@ _COLUMNS = {
         "state",
         "partition",
         "rows",
+        "filtered",
         "bytes",
         "earliest_offset",
         "latest_offset",

@@ -36,6 +36,10 @@ Example::
     [outputs.bids]             # optional, per output (see docs/schema.md)
     partition_by = ["_into_date"]
     schema_evolution = "none"  # fail, add or rescue for sources that decode fields
+
+    [outputs.big_bids]         # optional: shaped outputs (docs/shaping.md)
+    from = "bids"
+    sql = "SELECT auction, price FROM input WHERE price > 1000"
 """
 
 from __future__ import annotations
@@ -56,10 +60,19 @@ from reclock.persist.lease import DEFAULT_TTL_S
 from reclock.persist.store import check_storage_options
 from reclock.plugins import source_class
 from reclock.settings import Maintenance, Settings
+from reclock.shaping import Shape, route_outputs, shapes_from_toml, shapes_to_toml
 from reclock.sources.base import Source
 from reclock.windows import Window, parse_windows
 
-__all__ = ["PipelineConfig", "build_source", "expand_storage_options", "load_config", "parse_config", "redacted"]
+__all__ = [
+    "PipelineConfig",
+    "build_source",
+    "check_shapes",
+    "expand_storage_options",
+    "load_config",
+    "parse_config",
+    "redacted",
+]
 
 _ENGINES = ("spark", "local")
 _METRICS_KEYS = ("metrics_port", "metrics_host")
@@ -91,6 +104,8 @@ class PipelineConfig:
     layouts: Mapping[str, OutputLayout] = field(default_factory=dict)
     #: The address ``/metrics`` binds to: loopback unless the operator opens it on purpose.
     metrics_host: str = "127.0.0.1"
+    #: ``[outputs.<name>]``: outputs shaped from the source's, by SQL (see :mod:`reclock.shaping`).
+    shapes: tuple[Shape, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say, less
@@ -117,7 +132,7 @@ class PipelineConfig:
                 },
                 "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
                 "source": dict(self.source),
-                **({"outputs": layouts_to_dict(self.layouts)} if self.layouts else {}),
+                **({"outputs": outputs} if (outputs := _outputs_to_dict(self.layouts, self.shapes)) else {}),
             }
             | ({"windows": [w.to_dict() for w in self.windows]} if self.windows else {})
             | ({"lease": {"ttl_seconds": self.lease_ttl_s}} if self.lease_ttl_s != DEFAULT_TTL_S else {})
@@ -212,6 +227,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     except ConfigError as exc:
         raise fail(f"source.{exc.field}", exc.reason) from None
     _check_source_options(source["kind"], cls, source, fail)
+    layouts, shapes = _outputs(_section(raw, "outputs", fail), fail)
     config = PipelineConfig(
         name,
         lake,
@@ -228,8 +244,9 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         ttl,
         storage_options,
         parse_windows(raw.get("windows"), file),
-        _layouts(raw.get("outputs", {}), fail),
+        layouts=layouts,
         metrics_host=metrics_host,
+        shapes=shapes,
     )
     from reclock.persist.lake import NAME_PATTERN
 
@@ -238,11 +255,40 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     return config
 
 
-def _layouts(section: Any, fail: Callable[[str, str], ConfigError]) -> dict[str, OutputLayout]:
+_LAYOUT_KEYS = ("partition_by", "schema_evolution")
+_SHAPE_KEYS = ("from", "sql")
+
+
+def _outputs(
+    section: Mapping[str, Any], fail: Callable[[str, str], ConfigError]
+) -> tuple[dict[str, OutputLayout], tuple[Shape, ...]]:
+    """``[outputs.<name>]``: how an output is laid out (``partition_by``, ``schema_evolution``, see
+    :mod:`reclock.persist.layout`) and, for a shaped output, what it is made of (``from``, ``sql``,
+    see :mod:`reclock.shaping`). One table may say both."""
+    layouts: dict[str, dict[str, Any]] = {}
+    shapes: dict[str, dict[str, Any]] = {}
+    for name, spec in section.items():
+        if not isinstance(spec, Mapping):
+            raise fail(f"outputs.{name}", "must be a table")
+        unknown = sorted(set(spec) - {*_LAYOUT_KEYS, *_SHAPE_KEYS})
+        if unknown:
+            raise fail(f"outputs.{name}.{unknown[0]}", f"unknown key (known: {', '.join(_SHAPE_KEYS + _LAYOUT_KEYS)})")
+        if layout := {k: v for k, v in spec.items() if k in _LAYOUT_KEYS}:
+            layouts[name] = layout
+        if shape := {k: v for k, v in spec.items() if k in _SHAPE_KEYS}:
+            shapes[name] = shape
     try:
-        return parse_layouts(section)
+        return parse_layouts(layouts), shapes_from_toml(shapes)
     except ConfigError as exc:
         raise fail(exc.field, exc.reason) from None
+
+
+def _outputs_to_dict(layouts: Mapping[str, OutputLayout], shapes: tuple[Shape, ...]) -> dict[str, dict[str, Any]]:
+    """The ``[outputs]`` tables :func:`_outputs` reads back."""
+    outputs: dict[str, dict[str, Any]] = {}
+    for name, table in [*layouts_to_dict(layouts).items(), *shapes_to_toml(shapes).items()]:
+        outputs.setdefault(name, {}).update(table)
+    return outputs
 
 
 def _maintenance(section: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> Maintenance:
@@ -291,6 +337,14 @@ def build_source(
         raise ConfigError(f"source.{exc.field}", message, file=file) from None
     except (TypeError, ValueError) as exc:  # a source that did not say which option: still one line
         raise ConfigError("source", _conceal(f"{type(exc).__name__}: {exc}", hidden), file=file) from None
+
+
+def check_shapes(config: PipelineConfig, source: Source, *, file: str | None = None) -> None:
+    """``[outputs]`` against the source's outputs, before anything is stored (see :func:`route_outputs`)."""
+    try:
+        route_outputs({o.name: o for o in source.outputs()}, config.shapes)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None
 
 
 def expand_storage_options(options: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:

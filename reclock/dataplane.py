@@ -7,7 +7,8 @@ tests without a JVM) and the Spark plane (real work, a cluster) cannot drift apa
 2. stamps every row with ``_into_ts`` from the batch's :class:`~reclock.stamp.Stamper`;
 3. drops rows stamped below their output's upper: those are already durable (a resumed batch
    re-reads from the slowest output's frontier, faster outputs must not get them twice);
-4. shapes the rows to the output table's schema and writes parquet files into its folder;
+4. routes rows to their outputs, through transforms (:mod:`reclock.shaping`: errors to ``_errors``,
+   filtered rows counted), shapes them to each table's schema and writes parquet files there;
 5. returns a :class:`SplitResult`: the files' metadata and row counts, or the error that stopped
    it. Nothing is visible until the driver commits.
 
@@ -34,10 +35,12 @@ import pyarrow.compute as pc
 
 from reclock.errors import ContractError, ErrorKind, classify, describe
 from reclock.persist.evolution import evolve
-from reclock.persist.layout import INTO_DATE, OutputLayout, into_dates
-from reclock.persist.sink import DELETED, DataFile, discard_data_file, write_data_files
+from reclock.persist.layout import OutputLayout
+from reclock.persist.sink import DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
-from reclock.sources.base import ERRORS, Source, Split, error_batch
+from reclock.rows import output_rows, split_null_keys, unwrap
+from reclock.shaping import Route, shape_batch
+from reclock.sources.base import ERRORS, Source, Split
 from reclock.stamp import UNBOUND, Stamper
 from reclock.time import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
 
@@ -76,6 +79,8 @@ class BatchPlan:
     layouts: Mapping[str, OutputLayout] = field(default_factory=dict)
     #: Per output: the columns fields added to its table (``add``), filled from unknown fields.
     added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Per shaped source output, where its rows go (:mod:`reclock.shaping`); others land as read.
+    routes: Mapping[str, tuple[Route, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,7 @@ class SplitResult:
     split: Split
     files: list[DataFile] = field(default_factory=list)
     rows: int = 0
+    filtered: int = 0  # rows a transform dropped on purpose (WHERE): counted, not stored
     bytes_read: int = 0
     earliest: int | None = None  # least source offset read
     latest: int | None = None  # greatest source offset read
@@ -231,7 +237,7 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
     started = time.time()
     task = _Task(plan)
-    stats = {"rows": 0, "bytes_read": 0, "earliest": None, "latest": None}
+    stats = {"rows": 0, "filtered": 0, "bytes_read": 0, "earliest": None, "latest": None}
     try:
         partition = encode_partition(split.partition)
         for output, batch in plan.source.read(split):
@@ -241,9 +247,9 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
                 lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
                 stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
                 stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
-            landed = task.land(output, batch, partition, f"split {split!r}")
-            stats["rows"] += landed.num_rows if landed is not None else 0
+            stats["rows"] += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
         files = task.finish()
+        stats["filtered"] = sum(t.num_rows for t in task.filtered)
     except Exception as exc:
         task.discard()
         return _failed(split, started, exc)
@@ -266,10 +272,11 @@ def run_group(
     try:
         for output, batch in read_group(splits):
             owners.read(batch)
-            landed = task.land(output, batch, None, f"the task of {len(splits)} splits")
-            if landed is not None:
+            for landed in task.land(output, batch, None, f"the task of {len(splits)} splits"):
                 owners.landed(landed)
         files = task.finish()
+        for dropped in task.filtered:
+            owners.dropped(dropped)
     except Exception as exc:
         task.discard()
         log.info("a task of %d splits failed as a group (%s); reading them one by one", len(splits), exc)
@@ -296,44 +303,60 @@ _PLAIN = OutputLayout()
 
 class _Task:
     """What one task lands: stamped, filtered, shaped rows pending per output, flushed to a
-    parquet file every ``file_rows`` rows."""
+    parquet file every ``file_rows`` rows; and the lineage of rows transforms filtered out."""
 
     def __init__(self, plan: BatchPlan) -> None:
         self.plan = plan
         self.pending: dict[str, list[pa.Table]] = {}
         self.counts: dict[str, int] = {}
         self.files: list[DataFile] = []
+        self.filtered: list[pa.Table] = []
 
-    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> pa.Table | None:
-        """Stamp, filter and shape ``batch``; the rows it adds to ``output`` (``None``: none).
+    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> list[pa.Table]:
+        """Stamp ``batch`` and land it in every output its routes name; the rows added, per table.
         ``partition`` is the partition every row should have, if the reader covers one."""
         plan = self.plan
-        schema = plan.schemas.get(output)
-        if schema is None:
+        if output not in plan.schemas:
             raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
         into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
         if len(into) and (into == UNBOUND).any():
             raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
+        landed: list[pa.Table] = []
+        for route in plan.routes.get(output, (Route(output),)):
+            landed += self._shaped(route, batch, into) if route.shape else self._as_read(route.output, batch, into)
+        return landed
+
+    def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
+        shaped, rejected, filtered = shape_batch(route, batch, into, self.plan.uppers, self.plan.schemas)
+        self.filtered.append(filtered)
+        for name, part in ((route.output, shaped), (ERRORS, rejected)):
+            if part.num_rows:
+                self._add(name, part)
+        return [shaped, rejected]
+
+    def _as_read(self, output: str, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
+        plan = self.plan
+        schema = plan.schemas[output]
         keep = into >= plan.uppers[output]
         if not keep.any():
-            return None
+            return []
         envelope, key = plan.envelopes.get(output, ("append", ()))
         new: dict[str, pa.Array] = {}
         layout = plan.layouts.get(output, _PLAIN)
         if layout.schema_evolution != "none" or output in plan.added:  # added columns: null if no field
             batch, new = evolve(batch, schema, layout, plan.added.get(output, ()))
-        shaped = output_rows(_unwrap(batch, envelope, key), into, schema)
+        shaped = output_rows(unwrap(batch, envelope, key), into, schema)
         for name, column in new.items():
             shaped = shaped.append_column(pa.field(name, pa.string()), column)
         if not keep.all():
             shaped = shaped.filter(pa.array(keep))
         if key:
-            shaped, orphans = _split_null_keys(shaped, key, plan.schemas[ERRORS])
+            shaped, orphans = split_null_keys(shaped, key, plan.schemas[ERRORS])
             orphans = orphans.filter(pc.greater_equal(orphans.column(INTO_TS), plan.uppers[ERRORS]))
             if orphans.num_rows:
                 self._add(ERRORS, orphans)
         self._add(output, shaped)
-        return shaped
+        return [shaped]
 
     def _add(self, output: str, table: pa.Table) -> None:
         self.pending.setdefault(output, []).append(table)
@@ -374,6 +397,7 @@ class _Owners:
         for i, split in enumerate(splits):
             self.by_partition.setdefault(encode_partition(split.partition), []).append(i)
         self.rows = [0] * len(splits)
+        self.filtered = [0] * len(splits)
         self.bytes = [0] * len(splits)
         self.earliest: list[int | None] = [None] * len(splits)
         self.latest: list[int | None] = [None] * len(splits)
@@ -390,9 +414,14 @@ class _Owners:
         for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
             self.rows[i] += len(offsets)
 
+    def dropped(self, table: pa.Table) -> None:  # rows a transform filtered out
+        for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
+            self.filtered[i] += len(offsets)
+
     def stats(self, i: int) -> dict[str, Any]:
         return {
             "rows": self.rows[i],
+            "filtered": self.filtered[i],
             "bytes_read": self.bytes[i],
             "earliest": self.earliest[i],
             "latest": self.latest[i],
@@ -425,73 +454,3 @@ class _Owners:
                 mine = rows[which == j]
                 if len(mine):
                     yield owner, mine
-
-
-def _unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
-    """Give upsert and debezium batches the row columns plus ``_deleted``; append passes through."""
-    if envelope == "append":
-        return batch
-    if envelope == "debezium":
-        deleted = pc.fill_null(pc.equal(batch.column("op"), "d"), False)
-        before, after = batch.column("before"), batch.column("after")
-        names = [f.name for f in after.type]
-        columns = [
-            pc.if_else(deleted, pc.struct_field(before, [i]), pc.struct_field(after, [i])) for i in range(len(names))
-        ]
-        others = [n for n in batch.schema.names if n not in (PARTITION, OFFSET, "before", "after", "op")]
-        return pa.RecordBatch.from_arrays(
-            [
-                batch.column(PARTITION),
-                batch.column(OFFSET),
-                *columns,
-                *(batch.column(n) for n in others),
-                deleted,
-            ],
-            names=[PARTITION, OFFSET, *names, *others, DELETED],
-        )
-    if batch.schema.get_field_index(DELETED) >= 0:
-        return batch
-    values = [n for n in batch.schema.names if n not in (PARTITION, OFFSET, *key)]
-    deleted = pa.array(np.ones(batch.num_rows, dtype=bool))
-    for name in values:
-        deleted = pc.and_(deleted, pc.is_null(batch.column(name)))
-    return batch.append_column(DELETED, deleted)
-
-
-def _split_null_keys(table: pa.Table, key: tuple[str, ...], errors: pa.Schema) -> tuple[pa.Table, pa.Table]:
-    """Rows without a key cannot be upserted: they become ``_errors`` rows, never silently lost."""
-    missing = pc.is_null(table.column(key[0]))
-    for name in key[1:]:
-        missing = pc.or_(missing, pc.is_null(table.column(name)))
-    if not pc.any(missing).as_py():
-        return table, errors.empty_table()
-    bad = table.filter(missing)
-    n = bad.num_rows
-    reasons = error_batch(
-        bad.column(PARTITION).combine_chunks(),
-        bad.column(OFFSET).combine_chunks(),
-        ["null_key"] * n,
-        [f"upsert key {list(key)} is null"] * n,
-        [None] * n,
-    )
-    orphans = output_rows(reasons, bad.column(INTO_TS).combine_chunks(), errors)
-    return table.filter(pc.invert(missing)), orphans
-
-
-def output_rows(batch: pa.RecordBatch, into: np.ndarray | pa.Array, schema: pa.Schema) -> pa.Table:
-    """A reader's batch as rows of its output table: stamped with ``_into_ts``, in the table's
-    column order and types. A batch missing a column of its output is a broken source."""
-    columns = []
-    for target in schema:
-        if target.name == INTO_TS:
-            columns.append(pa.array(into, pa.int64()))
-            continue
-        if target.name == INTO_DATE:
-            columns.append(into_dates(into))
-            continue
-        index = batch.schema.get_field_index(target.name)
-        if index < 0:
-            raise ContractError(f"source batch lacks column {target.name!r} of its output")
-        column = batch.column(index)
-        columns.append(column if column.type == target.type else column.cast(target.type))
-    return pa.Table.from_arrays(columns, schema=schema)

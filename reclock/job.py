@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from typing import Any, TextIO
 
 from reclock import logs, status_rows
-from reclock.config import PipelineConfig, build_source, expand_storage_options, redacted
+from reclock.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.control import exclusive, load, request_stop
 from reclock.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.detach import attach
@@ -70,6 +70,7 @@ def create(
         check_windows(config.windows, [*source.outputs(), Output(ERRORS, ERRORS_SCHEMA)])
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
+    check_shapes(config, source, file=file)
     check_layouts(source, config.layouts, file=file)
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
@@ -254,6 +255,7 @@ def _run_leased(
         windows=config.windows,
         layouts=config.layouts,
         fence=lease.check,
+        shapes=config.shapes,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     watcher = threading.Thread(

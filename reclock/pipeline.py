@@ -34,7 +34,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from reclock.batches import BatchFailed, BatchReport, BatchState
-from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane, output_rows
+from reclock.dataplane import BatchPlan, DataPlane, LocalDataPlane
 from reclock.errors import (
     ConfigError,
     DefiniteSourceError,
@@ -56,7 +56,9 @@ from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.planning import in_split_order, plan_batch, without_skips
 from reclock.resumption import is_finished, resume_frontier, resume_upper
+from reclock.rows import output_rows
 from reclock.settings import Maintenance, Settings
+from reclock.shaping import Shape, route_outputs
 from reclock.sources.base import ERRORS, Source, error_batch
 from reclock.time import Frontier, IntoTime, encode_partition, wall_clock_ms
 from reclock.windowing import Windows
@@ -84,8 +86,10 @@ class Pipeline:
         windows: Sequence[Window] = (),
         layouts: Mapping[str, OutputLayout] | None = None,
         fence: Callable[[], None] | None = None,
+        shapes: Sequence[Shape] = (),
     ) -> None:
-        """``fence`` is called before every durable write (a binding, a commit, skips, maintenance)
+        """``shapes``: outputs shaped from the source's (transforms, routes; see :mod:`reclock.shaping`).
+        ``fence`` is called before every durable write (a binding, a commit, skips, maintenance)
         and raises :class:`~reclock.persist.lease.LeaseLost` once this driver no longer owns the
         pipeline: the job's lease check, so a driver that lost its lease stops instead of writing."""
         if not NAME_PATTERN.match(name):
@@ -103,7 +107,7 @@ class Pipeline:
         self._on_step = on_step or (lambda step: None)
         self._on_start: Callable[[BatchReport], None] = lambda report: None
         self._fence = fence or (lambda: None)
-        self.outputs = outputs_of(source)
+        self.outputs, self.routes = route_outputs(outputs_of(source), shapes)
         self.layouts = output_layouts(source, self.outputs, layouts or {})
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
@@ -374,6 +378,7 @@ class Pipeline:
             store=self.lake.store,
             layouts=self.layouts,
             added={name: sink.added for name, sink in self.sinks.items() if sink.added},
+            routes=self.routes,
         )
         started = wall_clock_ms()
         report = BatchReport(hi, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started)

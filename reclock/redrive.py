@@ -14,7 +14,8 @@ Exactly once: each output is one append commit, and before it the output is read
 coordinates about to land (only at the into times concerned, which the files' statistics
 narrow), so a record already re-driven, by this run before a crash or by an earlier one, is
 never landed twice. Records that still fail stay in ``_errors`` only, and a later redrive tries
-them again. ``upsert`` and ``debezium`` outputs are not re-driven (their MERGE is a batch's).
+them again. ``upsert`` and ``debezium`` outputs are not re-driven (their MERGE is a batch's), nor
+are partitioned outputs (their files are cut by partition in the batch's write).
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import pyarrow.compute as pc
 
 from reclock import job
 from reclock.control import exclusive, load
-from reclock.dataplane import output_rows
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import append_unlabelled, table_schema, write_data_file
+from reclock.rows import output_rows
 from reclock.sources.base import ERRORS, Source
 from reclock.time import INTO_TS, OFFSET, PARTITION, Frontier, Partition, decode_partition
 
@@ -48,7 +49,7 @@ class RedriveReport:
     landed: dict[str, int] = field(default_factory=dict)
     already: int = 0  # landed by an earlier redrive
     still_bad: int = 0  # fail again with the definition as it is now
-    not_append: int = 0  # decode now, but into an upsert or debezium output
+    not_append: int = 0  # decode now, but into an upsert, debezium or partitioned output
     gone: int = 0  # the source no longer has them (Kafka retention, a deleted file)
 
 
@@ -69,7 +70,8 @@ def redrive(lake: Lake, name: str) -> RedriveReport:
         finally:
             source.close()
         for output, rows in decoded.items():
-            if outputs[output].envelope != "append":
+            layout = config.layouts.get(output)
+            if outputs[output].envelope != "append" or (layout is not None and layout.partition_by):
                 report.not_append += rows.num_rows
                 continue
             rows = _not_landed(lake, name, output, rows, report)
