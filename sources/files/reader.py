@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Split, clip_message, error_batch
 from reclock.sources.decode.isolate import PIECE
-from reclock.sources.files.blocks import cut_blocks, record_pattern
+from reclock.sources.files.blocks import Records, cut_blocks, record_pattern
 from reclock.sources.files.config import FileFormat
 from reclock.sources.files.parquet import read_rows, row_json
 from reclock.sources.files.parse import RecordParser
@@ -88,8 +88,9 @@ class FileReader:
         else:
             yield from self._read_lines(split, relative, encoded)
 
-    def _read_lines(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """CSV and JSON lines: cut into records block by block, parsed a batch of records at a time."""
+    def records(self, split: FileSplit) -> Iterator[tuple[Records, int]]:
+        """A CSV or JSON lines file's records block by block, as ``(records, first)``: the
+        block's records from index ``first`` on are data (a CSV header is the file's first record)."""
         is_csv = split.format == "csv"
         header = is_csv and self.csv_header
         blocks = cut_blocks(
@@ -101,10 +102,16 @@ class FileReader:
             max_record_bytes=_MAX_RECORD_BYTES,
         )
         for records in blocks:
-            count = len(records.starts)
             first = 0
-            if header and count:
+            if header and len(records.starts):
                 header, first = False, 1  # the first record of the file is the header
+            yield records, first
+
+    def _read_lines(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """CSV and JSON lines: cut into records block by block, parsed a batch of records at a time."""
+        is_csv = split.format == "csv"
+        for records, first in self.records(split):
+            count = len(records.starts)
             for lo in range(first, count, _BATCH_ROWS):
                 hi = min(count, lo + _BATCH_ROWS)
                 good, columns, faults = self._parser.parse(

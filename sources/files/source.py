@@ -29,6 +29,8 @@ from reclock.sources.files.listing import (
     scan,
     unpack,
 )
+from reclock.sources.files.discovery import Discovery, LocalNames
+from reclock.sources.files.group import read_group
 from reclock.sources.files.parquet import first_schema
 from reclock.sources.files.probe import Probe, settling
 from reclock.sources.files.reader import FileReader, FileSplit
@@ -127,7 +129,7 @@ class FilesSource(SourceBase):
         if now is not None and not callable(now):
             raise ConfigError("now", f"must be a callable returning ms since the epoch, got {now!r}")
         self._now: Callable[[], int] = now if now is not None else _wall_clock_ms
-        self._probe = Probe(self.root)
+        self._probe = self._new_probe()
         if columns is None:
             if self.format != "parquet":
                 raise ConfigError(
@@ -158,7 +160,18 @@ class FilesSource(SourceBase):
         """Restore with the wall clock and a fresh probe, so a copy can still probe."""
         self.__dict__.update(state)
         self._now = _wall_clock_ms
-        self._probe = Probe(self.root)
+        self._probe = self._new_probe()
+
+    def _new_probe(self) -> Probe:
+        """A probe with nothing seen yet: its first probe examines every file once."""
+        names = LocalNames(
+            self.root,
+            self.pattern,
+            fixed=self.format,
+            skip=self.generations_path,
+            follow_links_outside=self.follow_links_outside,
+        )
+        return Probe(self.root, Discovery(names), self.max_files_per_batch)
 
     # -- the driver side ---------------------------------------------------------------------------
 
@@ -179,10 +192,8 @@ class FilesSource(SourceBase):
         partition at its old offset. (After a restart, a file deleted or shrunk since it was
         bound is not known any more; the pipeline then reports the source as changed.)
         """
-        listed = self._list()
         generations = self.generations()
-        now_ms = int(self._now()) if self.settle_seconds > 0 else 0
-        return self._probe.upper(listed, generations, now_ms, self.settle_seconds)
+        return self._probe.upper(generations, int(self._now()), self.settle_seconds)
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
         """The next batch's frontier: up to ``max_files_per_batch`` whole new files, oldest first.
@@ -239,11 +250,19 @@ class FilesSource(SourceBase):
         ``_offset``. Replayable: the same split yields the same batches as long as the file's
         first ``split.end`` bytes (Parquet: its rows) are unchanged. See :mod:`sources.files.reader`.
         """
+        yield from self._reader.read(self._checked(split))
+
+    def read_group(self, splits: Sequence[Split]) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Read a task's files as one stream (see :mod:`sources.files.group`): the same rows and
+        ``_errors`` rows as :meth:`read` file by file, in batches that span files, so a task of
+        many small files costs one parse per 65,536 records and one parquet file per output."""
+        yield from read_group(self._reader, [self._checked(split) for split in splits])
+
+    def _checked(self, split: Split) -> FileSplit:
+        """``split`` as a :class:`FileSplit` of a whole file; anything else is a caller's bug."""
         if split.start != 0 or split.end <= 0:
             raise ValueError(f"split of {split.partition!r} is [{split.start}, {split.end}): a file reads [0, end)")
-        if not isinstance(split, FileSplit):
-            split = self._file_split(split.partition, split.end)
-        yield from self._reader.read(split)
+        return split if isinstance(split, FileSplit) else self._file_split(split.partition, split.end)
 
     # -- listing -----------------------------------------------------------------------------------
 
