@@ -40,7 +40,7 @@ from reclock.sources.base import Source
 from reclock.sources.files import FilesSource
 from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.status_restore import restore_history
-from reclock.time import encode_partition, wall_clock_ms
+from reclock.time import Frontier, Partition, encode_partition, wall_clock_ms
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
 
@@ -233,6 +233,8 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
     if config.metrics_port is not None:
         status.metrics_port = metrics.serve(config.metrics_port)
 
+    names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier
+
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
             status.batches += 1
@@ -242,13 +244,13 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
             status.rows[output] = status.rows.get(output, 0) + rows
         _record_batch(tables, pipeline, report, first_offsets)
         metrics.observe(report)
-        _publish(lake, pipeline, status)
+        _publish(lake, pipeline, status, names)
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
         last_health[0] = pipeline.health
 
     try:
-        pipeline.run(stop, on_batch=on_batch, on_health=lambda p: _publish(lake, p, status))
+        pipeline.run(stop, on_batch=on_batch, on_health=lambda p: _publish(lake, p, status, names))
     except Exception:
         if pipeline.health is not Health.FAILED:
             raise
@@ -257,7 +259,7 @@ def run(lake: Lake, name: str, *, progress: TextIO | None = None, max_seconds: f
         _record_state(tables, pipeline, config_json)
         tables.close()
         metrics.close()
-        _publish(lake, pipeline, status)
+        _publish(lake, pipeline, status, names)
         lock.close()
         if progress is not None:
             progress.write("\n")
@@ -356,6 +358,9 @@ def _record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport,
                     "latest_loaded": o if resume.is_closed else resume.offset(p),
                 }
                 for p, o in report.upper.items()
+                # A file's offsets never change once it is loaded: a files batch writes the files it
+                # moved, not a row for every file ever loaded (``reclock files`` is the full view).
+                if not pipeline.source.is_file_source or o != report.lower.offset(p)
             ],
         )
     tables.append("files", [row for row in files if row is not None])
@@ -460,8 +465,11 @@ def _heartbeat(lake: Lake, status: Status) -> None:
             log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
 
 
-def _publish(lake: Lake, pipeline: Pipeline, status: Status) -> None:
+def _publish(lake: Lake, pipeline: Pipeline, status: Status, names: dict[Partition, str]) -> None:
     """Write the status snapshot; a lake that refuses it must not end the job (see StorageError).
+
+    ``names`` keeps each partition's encoded name for the job: a files frontier names every file
+    ever loaded, and encoding them all again at every batch cost more than the batch's reads.
 
     The snapshot is observability: the next publish after the storage recovers repairs it, and
     readers never trust a stale ``running`` anyway (:func:`reclock.status.read_status`).
@@ -471,13 +479,29 @@ def _publish(lake: Lake, pipeline: Pipeline, status: Status) -> None:
             status.health = pipeline.health.value
             status.finished = pipeline.finished
             status.last_error = pipeline.last_error
-            status.resume_upper = pipeline.resume_upper
-            status.resume_frontier = pipeline.resume_frontier().to_json()
+            if status.resume_upper != pipeline.resume_upper or status.resume_frontier == "{}":
+                # R(resume_upper - 1) is fixed by resume_upper: encode it only when it moved (an
+                # idle job publishes at every probe).
+                status.resume_upper = pipeline.resume_upper
+                status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
             status.bindings = len(pipeline.remap.bindings)
             status.updated_ms = wall_clock_ms()
             write_status(lake, status)
         except (OSError, StorageError) as exc:
             log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
+
+
+def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
+    """``frontier.to_json()``, encoding each partition once per job (see :func:`_publish`)."""
+    if frontier.is_closed:
+        return frontier.to_json()
+    encoded = []
+    for p, o in frontier.items():
+        name = names.get(p)
+        if name is None:
+            name = names[p] = encode_partition(p)
+        encoded.append((name, o))
+    return json.dumps({"offsets": dict(sorted(encoded))}, separators=(",", ":"))
 
 
 def _progress_line(out: TextIO, pipeline: Pipeline, status: Status, elapsed: float) -> None:

@@ -70,7 +70,7 @@ class Names(Protocol):
         """``({path: (relative, format)} added, [path] removed, directories read)`` since the last call."""
         ...
 
-    def examine(self, path: str, relative: str, fmt: FileFormat, real_dirs: dict[str, str]) -> Listed | str | None:
+    def examine(self, path: str, relative: str, fmt: FileFormat) -> Listed | str | None:
         """The file at ``path`` now (see :func:`~sources.files.listing.examine`)."""
         ...
 
@@ -114,6 +114,8 @@ class LocalNames:
         if pattern is not None:
             self._segments = tuple(os.path.relpath(pattern, root).split(os.sep))
         self._dirs: dict[str, _Dir] = {}
+        #: Real path of each directory read, as of its last read (for the links-outside check).
+        self._real_dirs: dict[str, str] = {}
 
     def changes(self, now_ms: int) -> tuple[dict[str, tuple[str, FileFormat]], list[str], int]:
         added: dict[str, tuple[str, FileFormat]] = {}
@@ -152,15 +154,17 @@ class LocalNames:
                 stack.append((sub, sub_relative, sub_chain))
         for path in [p for p in self._dirs if p not in seen]:
             gone = self._dirs.pop(path)
+            self._real_dirs.pop(path, None)
             removed += [os.path.join(path, n) for n in gone.files]
         return added, removed, read
 
-    def examine(self, path: str, relative: str, fmt: FileFormat, real_dirs: dict[str, str]) -> Listed | str | None:
-        return examine(path, relative, fmt, self.real_root, real_dirs, self.follow_links_outside)
+    def examine(self, path: str, relative: str, fmt: FileFormat) -> Listed | str | None:
+        return examine(path, relative, fmt, self.real_root, self._real_dirs, self.follow_links_outside)
 
     def _read(self, path: str, relative: str, mtime_ns: int, now_ms: int) -> _Dir:
         """One ``scandir`` of a directory: its candidate files and the directories to search."""
         entry_dir = _Dir(mtime_ns, now_ms)
+        self._real_dirs[path] = os.path.realpath(path)
         try:
             entries = list(os.scandir(path))
         except OSError:
@@ -226,10 +230,9 @@ class Discovery:
         due = heapq.nsmallest(window, self._live, key=self._live.__getitem__)
         listed: list[Listed] = []
         ignored: list[tuple[str, str]] = []
-        real_dirs: dict[str, str] = {}
         for path in [*added, *due, *self._ignored.difference(added)]:
             relative, fmt = self._present[path]
-            found = self.names.examine(path, relative, fmt, real_dirs)
+            found = self.names.examine(path, relative, fmt)
             if isinstance(found, Listed):
                 listed.append(found)
                 self._live[path] = (found.mtime_ns, relative)

@@ -68,7 +68,7 @@ class FilesSource(SourceBase):
         csv_delimiter: str = ",",
         csv_quote: str = '"',
         on_record_error: str = "skip",
-        max_files_per_batch: int = 100,
+        max_files_per_batch: int = 1000,
         settle_seconds: float = 0.0,
         generations_path: str | os.PathLike[str] | None = None,
         generations_reader: Callable[[], str | None] | None = None,
