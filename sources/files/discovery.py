@@ -205,8 +205,9 @@ class Discovery:
         self._present: dict[str, tuple[str, FileFormat]] = {}
         #: ``path -> (mtime_ns, relative)`` of the present candidates not retired, as last examined.
         self._live: dict[str, tuple[int, str]] = {}
-        #: Paths of present candidates that are never read (links out, FIFOs): examined every poll.
-        self._ignored: set[str] = set()
+        #: Paths examined at every poll, outside the window: candidates never read (links out,
+        #: FIFOs) and files empty so far (they would hold the window's oldest places for ever).
+        self._always: set[str] = set()
         #: ``relative -> path`` of the retired ones, so that the probe can revive one by its name.
         self._retired: dict[str, str] = {}
 
@@ -223,30 +224,36 @@ class Discovery:
             known = self._present.pop(path, None)
             if known is not None:
                 self._live.pop(path, None)
-                self._ignored.discard(path)
+                self._always.discard(path)
                 self._retired.pop(known[0], None)
                 gone.append(known[0])
         self._present.update(added)
         due = heapq.nsmallest(window, self._live, key=self._live.__getitem__)
         listed: list[Listed] = []
         ignored: list[tuple[str, str]] = []
-        for path in [*added, *due, *self._ignored.difference(added)]:
+        examined = [*added, *due, *self._always.difference(added)]
+        for path in examined:
             relative, fmt = self._present[path]
             found = self.names.examine(path, relative, fmt)
             if isinstance(found, Listed):
                 listed.append(found)
                 self._live[path] = (found.mtime_ns, relative)
-                self._ignored.discard(path)
+                self._always.discard(path)
             elif found is not None:
                 ignored.append((relative, found))
                 self._live.pop(path, None)
-                self._ignored.add(path)
-        return Poll(listed, ignored, gone, dirs_read, len(added) + len(due) + len(self._ignored))
+                self._always.add(path)
+        return Poll(listed, ignored, gone, dirs_read, len(examined))
 
     def retire(self, relative: str, path: str) -> None:
         """Stop examining the file at ``path``: it is bound in its current generation."""
         if self._live.pop(path, None) is not None:
             self._retired[relative] = path
+
+    def empty(self, path: str) -> None:
+        """The file at ``path`` has nothing to bind yet: examine it at every poll, outside the window."""
+        if self._live.pop(path, None) is not None:
+            self._always.add(path)
 
     def revive(self, relative: str) -> None:
         """Examine ``relative`` again from the next poll on (a drop gave it a new generation)."""

@@ -13,6 +13,9 @@ Invariants the pipeline relies on:
   file that is deleted, shrinks or is dropped keeps its partition at its old offset.
 * The cap binds only *new* files (listed now in their current generation, never bound), whole,
   oldest first in discovery order (modification time, then relative path, then generation).
+* A file the cap sees bound in its current generation is retired: no probe examines it again
+  (:mod:`~sources.files.discovery`) unless a drop gives it a new generation. Its partition stays
+  in the probe at the upper last seen.
 """
 
 from __future__ import annotations
@@ -95,6 +98,8 @@ class Probe:
             generation = generations.get(f.relative, 0)
             partition = (f.relative, generation)
             upper = f.size if f.format != "parquet" else self.parquet_upper(f)
+            if not upper:
+                self._discovery.empty(f.path)
             self._listed[partition] = (upper, f.path)
             self._order[partition] = (f.mtime_ns, f.relative, generation)
             if upper > self._high.get(partition, 0):

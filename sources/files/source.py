@@ -180,11 +180,13 @@ class FilesSource(SourceBase):
         return [Output(self.output, self.schema)]
 
     def upper(self) -> Frontier:
-        """The probe: ``{(relative_path, generation): upper}`` of every settled file listed now.
+        """The probe: ``{(relative_path, generation): upper}`` of every settled file seen.
 
         Called on the driver before each batch. Re-reads the generations file every time (the
         runtime rewrites it when a file is dropped). A file modified less than ``settle_seconds``
-        ago is left out, as it may still be being written; it shows in a later probe.
+        ago is left out, as it may still be being written; it shows in a later probe. Incremental
+        (:mod:`~sources.files.discovery`): only new files and files not bound yet are examined
+        (a backlog a window at a time), so a bound file keeps the upper it was last seen at.
 
         Never below the bound frontier, which the pipeline checks: the older generations of a
         dropped file stay in it (at the file's upper), and within a process the probe never goes

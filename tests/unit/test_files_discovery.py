@@ -156,6 +156,21 @@ def test_a_backlog_is_examined_a_window_at_a_time_and_lands_oldest_first(tmp_pat
     assert batches == [sorted(f"{i:03d}.csv" for i in range(55 - 5 * k, 60 - 5 * k)) for k in range(12)]
 
 
+def test_empty_files_never_hold_up_the_backlog_and_are_loaded_once_they_have_data(tmp_path: Path) -> None:
+    root = tmp_path / "in"
+    for i in range(3):
+        write(root / f"empty{i}.csv", "", mtime=HOUR_AGO - 100 + i)  # the oldest: first in the window
+    for i in range(4):
+        write(root / f"{i}.csv", f"id,name\n{i},x\n", mtime=HOUR_AGO + i)
+    age(root)
+    source = FilesSource(path=root, columns=COLUMNS, max_files_per_batch=1)
+    lower = load_all(source)
+    assert set(lower.partitions()) == {(f"{i}.csv", 0) for i in range(4)}
+    write(root / "empty1.csv", "id,name\n9,late\n")
+    age(root)
+    assert load_all(source, lower) == lower.join(Frontier({("empty1.csv", 0): 15}))
+
+
 def test_a_dropped_file_is_examined_again_and_a_deleted_pending_file_is_forgotten(tmp_path: Path) -> None:
     root = tmp_path / "in"
     generations = tmp_path / "generations.json"
