@@ -19,6 +19,8 @@ import pyarrow as pa
 from reclock.errors import ConfigError
 from reclock.sources.base import ERRORS, Output, SourceBase, Split
 from reclock.sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns, check_path
+from reclock.sources.files.discovery import Discovery, LocalNames
+from reclock.sources.files.group import read_group
 from reclock.sources.files.listing import (
     Listed,
     ListedFile,
@@ -29,8 +31,6 @@ from reclock.sources.files.listing import (
     scan,
     unpack,
 )
-from reclock.sources.files.discovery import Discovery, LocalNames
-from reclock.sources.files.group import read_group
 from reclock.sources.files.parquet import first_schema
 from reclock.sources.files.probe import Probe, settling
 from reclock.sources.files.reader import FileReader, FileSplit
