@@ -50,20 +50,23 @@ _MAX_RAW = 1 << 20
 def read_group(reader: FileReader, splits: Sequence[FileSplit]) -> Iterator[tuple[str, pa.RecordBatch]]:
     """The records of ``splits`` (whole files) as ``(output, batch)``, bad ones as ``(ERRORS, batch)``.
 
-    Batches span files; each row carries its own file's ``_partition`` and ``_offset``. Parquet
-    files are read by the reader file by file (their batches are already large).
+    Batches span files, in the order of ``splits``; each row carries its own file's
+    ``_partition`` and ``_offset``. Parquet files are read by the reader file by file (their
+    batches are already large), and pending records are parsed before a file of another format.
     """
     parser = RecordParser(reader.schema, reader.csv_delimiter, reader.csv_quote, reader.fail)
     record_re = record_pattern(reader.csv_delimiter, reader.csv_quote)
     quote = reader.csv_quote.encode()
     schema = pa.schema([*LINEAGE_FIELDS, *reader.schema])
-    pending = {"csv": _Pending(), "jsonl": _Pending()}
+    buffer, fmt = _Pending(), "csv"
     for owner, split in enumerate(splits):
+        if split.format != fmt:
+            yield from buffer.parse(reader, parser, schema, is_csv=fmt == "csv")
+            buffer, fmt = _Pending(), split.format
         if split.format == "parquet":
             yield from reader.read(split)
             continue
         for records, first in reader.records(split):
-            buffer = pending[split.format]
             if first >= len(records.starts):
                 continue
             is_open = (
@@ -74,10 +77,9 @@ def read_group(reader: FileReader, splits: Sequence[FileSplit]) -> Iterator[tupl
             )
             buffer.add(records, first, owner, split)
             if is_open or buffer.count >= _BATCH_ROWS:
-                pending[split.format] = _Pending()
-                yield from buffer.parse(reader, parser, schema, is_csv=split.format == "csv")
-    for fmt, buffer in pending.items():
-        yield from buffer.parse(reader, parser, schema, is_csv=fmt == "csv")
+                yield from buffer.parse(reader, parser, schema, is_csv=fmt == "csv")
+                buffer = _Pending()
+    yield from buffer.parse(reader, parser, schema, is_csv=fmt == "csv")
 
 
 def _last_is_open(records: Records, record_re: object) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,6 +18,8 @@ from unittest import mock
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reclock.dataplane import LocalDataPlane
 from reclock.errors import ReclockError
@@ -290,3 +293,32 @@ def test_a_batch_of_many_small_files_lands_as_one_parquet_file(tmp_path: Path) -
     assert len(table.file_uris()) == 1
     ids = table.to_pyarrow_table().column("id").to_pylist()
     assert sorted(ids) == list(range(3_000))
+
+
+@given(
+    files=st.lists(
+        st.tuples(
+            st.sampled_from(["csv", "jsonl"]),
+            st.lists(
+                st.sampled_from(["1,a", '2,"b', "x,c", '3,"d""e"', '"', "4", "", '5,"f\n', "{", '{"id": 6}']),
+                max_size=6,
+            ),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+@settings(max_examples=60, deadline=None)
+def test_a_group_read_of_random_files_gives_what_file_by_file_gives(
+    files: list[tuple[str, list[str], bool]],
+) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for i, (fmt, lines, final_newline) in enumerate(files):
+            text = "\n".join(lines) + ("\n" if final_newline else "")
+            write(root / f"{i}.{fmt}", ("id,name\n" if fmt == "csv" else "") + text, mtime=HOUR_AGO + i)
+        source = FilesSource(path=root, columns=COLUMNS)
+        splits = source.splits(Frontier(), source.cap(Frontier(), source.upper(), 1))
+        one_by_one = rows_by_output(item for split in splits for item in source.read(split))
+        assert rows_by_output(source.read_group(splits)) == one_by_one
