@@ -14,7 +14,17 @@ import time
 
 from benchmarks.harness import write_report
 
-SCENARIOS = ["stamping", "kafka_e2e", "kafka_partitions", "freshness", "resume", "files", "memory", "growth"]
+SCENARIOS = [
+    "stamping",
+    "kafka_e2e",
+    "kafka_partitions",
+    "freshness",
+    "resume",
+    "files",
+    "small_files",
+    "memory",
+    "growth",
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,7 +43,7 @@ from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 from reclock.sources.files import FilesSource
 from reclock.status import HEARTBEAT_S, Status, write_status
 from reclock.status_restore import restore_history
-from reclock.time import wall_clock_ms
+from reclock.time import Frontier, Partition, encode_partition, wall_clock_ms
 from reclock.windows import check_windows
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
@@ -279,9 +279,11 @@ def _run_leased(
         status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
     log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
+    names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier
+
     def publish(p: Pipeline) -> None:
         if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
-            _publish(lake, p, status)
+            _publish(lake, p, status, names)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -397,8 +399,11 @@ def _heartbeat(lake: Lake, status: Status) -> None:
             log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
 
 
-def _publish(lake: Lake, pipeline: Pipeline, status: Status) -> None:
+def _publish(lake: Lake, pipeline: Pipeline, status: Status, names: dict[Partition, str]) -> None:
     """Write the status snapshot; a lake that refuses it must not end the job (see StorageError).
+
+    ``names`` keeps each partition's encoded name for the job: a files frontier names every file
+    ever loaded, and encoding them all again at every batch cost more than the batch's reads.
 
     The snapshot is observability: the next publish after the storage recovers repairs it, and
     readers never trust a stale ``running`` anyway (:func:`reclock.status.read_status`).
@@ -408,13 +413,29 @@ def _publish(lake: Lake, pipeline: Pipeline, status: Status) -> None:
             status.health = pipeline.health.value
             status.finished = pipeline.finished
             status.last_error = pipeline.last_error
-            status.resume_upper = pipeline.resume_upper
-            status.resume_frontier = pipeline.resume_frontier().to_json()
+            if status.resume_upper != pipeline.resume_upper or status.resume_frontier == "{}":
+                # R(resume_upper - 1) is fixed by resume_upper: encode it only when it moved (an
+                # idle job publishes at every probe).
+                status.resume_upper = pipeline.resume_upper
+                status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
             status.bindings = len(pipeline.remap.bindings)
             status.updated_ms = wall_clock_ms()
             write_status(lake, status)
         except (OSError, StorageError) as exc:
             log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
+
+
+def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
+    """``frontier.to_json()``, encoding each partition once per job (see :func:`_publish`)."""
+    if frontier.is_closed:
+        return frontier.to_json()
+    encoded = []
+    for p, o in frontier.items():
+        name = names.get(p)
+        if name is None:
+            name = names[p] = encode_partition(p)
+        encoded.append((name, o))
+    return json.dumps({"offsets": dict(sorted(encoded))}, separators=(",", ":"))
 
 
 def _progress_line(out: TextIO, pipeline: Pipeline, status: Status, elapsed: float) -> None:

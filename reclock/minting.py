@@ -35,6 +35,10 @@ class Minter:
         self._now = now
         self.last_probe: Frontier | None = None  # the source's upper as the last probe saw it
         self._probing: _Call | None = None
+        #: ``(bound, source upper, probe)`` of the last check: frontiers are immutable values, so
+        #: a source that answers with the very same upper (an idle files source) is not joined and
+        #: checked again against an unchanged bound, which would cost a pass over every partition.
+        self._checked: tuple[Frontier, Frontier, Frontier] | None = None
 
     def probe_and_mint(self, stop: threading.Event | None) -> dict[str, int]:
         """Steps 1 and 2: probe and cap the source's upper, then mint a binding if it is due.
@@ -53,21 +57,17 @@ class Minter:
         if end is not None and end.less_equal(bound):
             proposal = Frontier.closed()
         else:
-            probe = self._upper(stop)
-            if self.source.forgets_partitions:
-                probe = bound.join(probe)
-            rereads = {p: o for p, o in bound.items() if reread_of(p) is not None}
-            if rereads:  # bound once, to a fixed end, by set-offsets: no probe names them
-                probe = probe.join(Frontier(rereads))
+            raw = self._upper(stop)
+            if self._checked is not None and self._checked[0] is bound and self._checked[1] is raw:
+                probe = self._checked[2]  # the same values as last time: already joined and checked
+            else:
+                probe = bound.join(raw) if self.source.forgets_partitions else raw
+                rereads = {p: o for p, o in bound.items() if reread_of(p) is not None}
+                if rereads:  # bound once, to a fixed end, by set-offsets: no probe names them
+                    probe = probe.join(Frontier(rereads))
+                self._check(bound, probe)
+                self._checked = (bound, raw, probe)
             self.last_probe = probe
-            if not bound.less_equal(probe):
-                behind = [(p, probe.offset(p), o) for p, o in bound.items() if probe.offset(p) < o]
-                named = ", ".join(f"{encode_partition(p)} is at {now} below bound {o}" for p, now, o in behind[:3])
-                more = f" (and {len(behind) - 3} more)" if len(behind) > 3 else ""
-                raise DefiniteSourceError(
-                    f"pipeline {self.name}: the source went back below what is already bound: {named}{more}; "
-                    "was the source recreated (a topic deleted, a broker replaced)?"
-                )
             proposal = self.source.cap(bound, probe, self.settings.max_batch)
         # Step 2: mint.
         probed = time.monotonic()
@@ -77,6 +77,17 @@ class Minter:
             return phases
         self.remap.mint(max(now, bindings.upper), proposal)
         return {**phases, "mint": int((time.monotonic() - probed) * 1000)}
+
+    def _check(self, bound: Frontier, probe: Frontier) -> None:
+        """A probe below what is already bound means the source was recreated: a definite error."""
+        if not bound.less_equal(probe):
+            behind = [(p, probe.offset(p), o) for p, o in bound.items() if probe.offset(p) < o]
+            named = ", ".join(f"{encode_partition(p)} is at {now} below bound {o}" for p, now, o in behind[:3])
+            more = f" (and {len(behind) - 3} more)" if len(behind) > 3 else ""
+            raise DefiniteSourceError(
+                f"pipeline {self.name}: the source went back below what is already bound: {named}{more}; "
+                "was the source recreated (a topic deleted, a broker replaced)?"
+            )
 
     def _upper(self, stop: threading.Event | None) -> Frontier:
         """``source.upper()``, given up as soon as ``stop`` is set (then :class:`Interrupted`).

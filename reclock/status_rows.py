@@ -108,6 +108,9 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
                     "latest_loaded": o if resume.is_closed else resume.offset(p),
                 }
                 for p, o in report.upper.items()
+                # A file's offsets never change once it is loaded: a files batch writes the files it
+                # moved, not a row for every file ever loaded (``reclock files`` is the full view).
+                if not pipeline.source.is_file_source or o != report.lower.offset(p)
             ],
         )
     tables.append("files", [row for row in files if row is not None])

@@ -24,10 +24,15 @@ Definitions, and why each matters to exactly-once ingestion:
   block on one; :meth:`FilesSource.listing` reports them with the reason, and empty files too.
 * **Discovery order.** Files are ordered by modification time, then relative path, then
   generation. :meth:`FilesSource.cap` takes files in that order, so older files land first.
+* **Incremental discovery.** A probe reads a directory again only when it changed, and
+  examines only files not bound yet (the next batch's pick among them) and new ones; a file bound
+  in its current generation is never examined again by the probe (see
+  :mod:`~sources.files.discovery`). An idle probe's cost does not grow with the files loaded.
 * **Read-only, immutable.** Source files are opened read-only and never modified, moved or
-  deleted. A file is taken as final once listed: a file whose size grows after it was bound is
-  not read again (only a drop re-ingests it), and ``settle_seconds`` keeps files that are still
-  being written out of the listing. :meth:`FilesSource.read` of a split is a pure function of the
+  deleted. A file is final once bound: a file whose size grows after it was bound is not read
+  again, and the probe does not even look at it (only a drop re-ingests it, whole, as a new
+  generation; ``reclock files`` still reports that it changed). ``settle_seconds`` keeps files
+  that are still being written out of the probe. :meth:`FilesSource.read` of a split is a pure function of the
   file's first ``split.end`` bytes (rows for Parquet), so a replayed batch reads the very same
   records; a file that became shorter than that (or, for Parquet, changed its row count) cannot
   be replayed and raises.
@@ -58,9 +63,11 @@ The stages, one module each:
 * :mod:`~sources.files.store`: where the files are (a folder or an S3 prefix): listing and opening.
 * :mod:`~sources.files.listing`: which files are read and which not, and the generations file.
 * :mod:`~sources.files.decompress`: ``.gz`` and ``.zst`` files, each read whole, at offset 0.
+* :mod:`~sources.files.discovery`: incremental listing: which files a probe looks at.
 * :mod:`~sources.files.probe`: the probe (uppers) and the cap (which new files the next batch binds).
 * :mod:`~sources.files.source`: :class:`FilesSource`, the driver's side, one split per file.
 * :mod:`~sources.files.reader`: a split read in a Spark task, into output and ``_errors`` batches.
+* :mod:`~sources.files.group`: a task's files read as one stream, landed as one file per output.
 * :mod:`~sources.files.blocks`: bytes cut into records, following CSV quoting, in bounded memory.
 * :mod:`~sources.files.parse`: records parsed in bulk; bad ones isolated by the decoding engine
   (:mod:`sources.decode.isolate`).

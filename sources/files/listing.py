@@ -31,6 +31,7 @@ __all__ = [
     "Listed",
     "ListedFile",
     "absolute",
+    "examine",
     "format_of",
     "open_regular",
     "parse_generations",
@@ -121,36 +122,44 @@ def scan(
         if fmt is None:
             continue
         relative = PurePath(os.path.relpath(path, root)).as_posix()
-        try:
-            st = os.lstat(path)
-        except OSError:  # vanished between listing and lstat
-            continue
-        link = stat.S_ISLNK(st.st_mode)
-        if link:
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                ignored.append((relative, "dangling link"))
-                continue
-            except OSError as exc:
-                ignored.append((relative, f"link cannot be followed: {exc.strerror}"))
-                continue
-        if stat.S_ISDIR(st.st_mode):
-            continue
-        if not follow_links_outside:
-            directory = os.path.dirname(path)
-            if directory not in real_dirs:
-                real_dirs[directory] = os.path.realpath(directory)
-            real = os.path.realpath(path) if link else os.path.join(real_dirs[directory], os.path.basename(path))
-            if not _within(real, real_root):
-                ignored.append((relative, "link outside the source directory"))
-                continue
-        if not stat.S_ISREG(st.st_mode):
-            ignored.append((relative, f"not a regular file ({_kind(st.st_mode)})"))
-            continue
-        listed.append(Listed(relative, path, fmt, st.st_size, st.st_mtime_ns))
+        found = examine(path, relative, fmt, real_root, real_dirs, follow_links_outside)
+        if isinstance(found, Listed):
+            listed.append(found)
+        elif found is not None:
+            ignored.append((relative, found))
     listed.sort(key=lambda f: (f.mtime_ns, f.relative))
     return listed, ignored
+
+
+def examine(
+    path: str, relative: str, fmt: FileFormat, real_root: str, real_dirs: dict[str, str], follow_links_outside: bool
+) -> Listed | str | None:
+    """One candidate of :func:`scan`, by its metadata only: the file read, why it is never read,
+    or ``None`` (vanished, or a directory). ``real_dirs`` caches the real path of each directory."""
+    try:
+        st = os.lstat(path)
+    except OSError:  # vanished between listing and lstat
+        return None
+    link = stat.S_ISLNK(st.st_mode)
+    if link:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return "dangling link"
+        except OSError as exc:
+            return f"link cannot be followed: {exc.strerror}"
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not follow_links_outside:
+        directory = os.path.dirname(path)
+        if directory not in real_dirs:
+            real_dirs[directory] = os.path.realpath(directory)
+        real = os.path.realpath(path) if link else os.path.join(real_dirs[directory], os.path.basename(path))
+        if not _within(real, real_root):
+            return "link outside the source directory"
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file ({_kind(st.st_mode)})"
+    return Listed(relative, path, fmt, st.st_size, st.st_mtime_ns)
 
 
 def read_generations(path: str | None) -> dict[str, int]:

@@ -102,6 +102,39 @@ class FileReader:
         else:
             yield from self._read_lines(split, relative, encoded)
 
+    def groupable(self, split: FileSplit) -> bool:
+        """Whether :mod:`~sources.files.group` may read ``split`` beside other files: a whole file,
+        not compressed, without schema evolution (those are read by :meth:`read`, file by file)."""
+        whole = split.start == 0 and split.end == split.size
+        return whole and compression_of(split.path) is None and not self.unknown_fields
+
+    def records(self, split: FileSplit) -> Iterator[tuple[Records, int]]:
+        """A whole, uncompressed CSV or JSON lines file's records block by block, as ``(records,
+        first)``: the block's records from index ``first`` on are data (a CSV header is the file's
+        first record). The group reader's way in; see :meth:`groupable`."""
+        is_csv = split.format == "csv"
+        header = is_csv and self.csv_header
+        with self.store.open(split.path) as (f, size):
+            if size < split.size:
+                raise ValueError(
+                    f"{split.path} has {size} bytes but was bound with {split.size}: it shrank or was replaced "
+                    "after it was bound and cannot be read again; drop it to re-ingest"
+                )
+            blocks = cut_blocks(
+                f,
+                split.size,
+                where=split.path,
+                quote=self.csv_quote.encode() if is_csv and self.csv_multiline else None,
+                record_re=self._record_re,
+                read_bytes=_READ_BYTES,
+                max_record_bytes=_MAX_RECORD_BYTES,
+            )
+            for records in blocks:
+                first = 0
+                if header and len(records.starts):
+                    header, first = False, 1  # the first record of the file is the header
+                yield records, first
+
     def _read_lines(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
         """CSV and JSON lines: cut into records block by block, parsed a batch of records at a time.
 

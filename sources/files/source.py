@@ -22,6 +22,8 @@ from reclock.errors import ConfigError
 from reclock.sources.base import ERRORS, Output, SourceBase, Split
 from reclock.sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns
 from reclock.sources.files.decompress import compression_of
+from reclock.sources.files.discovery import Discovery, LocalNames, StoreNames
+from reclock.sources.files.group import read_group
 from reclock.sources.files.listing import (
     Listed,
     ListedFile,
@@ -68,7 +70,7 @@ class FilesSource(SourceBase):
         csv_delimiter: str = ",",
         csv_quote: str = '"',
         on_record_error: str = "skip",
-        max_files_per_batch: int = 100,
+        max_files_per_batch: int = 1000,
         settle_seconds: float = 0.0,
         generations_path: str | os.PathLike[str] | None = None,
         generations_reader: Callable[[], str | None] | None = None,
@@ -146,7 +148,7 @@ class FilesSource(SourceBase):
         if now is not None and not callable(now):
             raise ConfigError("now", f"must be a callable returning ms since the epoch, got {now!r}")
         self._now: Callable[[], int] = now if now is not None else _wall_clock_ms
-        self._probe = Probe(self.root, self.store)
+        self._probe = self._new_probe()
         if columns is None:
             if self.format != "parquet":
                 raise ConfigError(
@@ -185,7 +187,23 @@ class FilesSource(SourceBase):
         """Restore with the wall clock and a fresh probe, so a copy can still probe."""
         self.__dict__.update(state)
         self._now = _wall_clock_ms
-        self._probe = Probe(self.root, self.store)
+        self._probe = self._new_probe()
+
+    def _new_probe(self) -> Probe:
+        """A probe with nothing seen yet: its first probe examines every file once. A local
+        directory is watched directory by directory; an object-store prefix is listed whole."""
+        names: LocalNames | StoreNames
+        if self.store.remote:
+            names = StoreNames(self.store, self.pattern, fixed=self.format, skip=self.generations_path)
+        else:
+            names = LocalNames(
+                self.root,
+                self.pattern,
+                fixed=self.format,
+                skip=self.generations_path,
+                follow_links_outside=self.follow_links_outside,
+            )
+        return Probe(self.root, Discovery(names), self.max_files_per_batch, self.store)
 
     def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
         """Hand each record's undeclared fields on (schema evolution): JSON lines' other keys, the
@@ -202,11 +220,13 @@ class FilesSource(SourceBase):
         return [Output(self.output, self.schema)]
 
     def upper(self) -> Frontier:
-        """The probe: ``{(relative_path, generation): upper}`` of every settled file listed now.
+        """The probe: ``{(relative_path, generation): upper}`` of every settled file seen.
 
         Called on the driver before each batch. Re-reads the generations file every time (the
         runtime rewrites it when a file is dropped). A file modified less than ``settle_seconds``
-        ago is left out, as it may still be being written; it shows in a later probe.
+        ago is left out, as it may still be being written; it shows in a later probe. Incremental
+        (:mod:`~sources.files.discovery`): only new files and files not bound yet are examined
+        (a backlog a window at a time), so a bound file keeps the upper it was last seen at.
 
         Never below the bound frontier, which the pipeline checks: the older generations of a
         dropped file stay in it (at the file's upper), and within a process the probe never goes
@@ -214,10 +234,8 @@ class FilesSource(SourceBase):
         partition at its old offset. (After a restart, a file deleted or shrunk since it was
         bound is not known any more; the pipeline then reports the source as changed.)
         """
-        listed = self._list()
         generations = self.generations()
-        now_ms = int(self._now()) if self.settle_seconds > 0 else 0
-        return self._probe.upper(listed, generations, now_ms, self.settle_seconds)
+        return self._probe.upper(generations, int(self._now()), self.settle_seconds)
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
         """The next batch's frontier: up to ``max_files_per_batch`` whole new files, oldest first.
@@ -280,13 +298,29 @@ class FilesSource(SourceBase):
         first ``split.size`` bytes (Parquet: its rows) are unchanged. A piece reads the records
         that start in ``[split.start, split.end)``. See :mod:`sources.files.reader`.
         """
+        yield from self._reader.read(self._checked(split))
+
+    def read_group(self, splits: Sequence[Split]) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Read a task's files as one stream (see :mod:`sources.files.group`): the same rows and
+        ``_errors`` rows as :meth:`read` file by file, in batches that span files, so a task of
+        many small files costs one parse per 65,536 records and one parquet file per output.
+        Pieces of large files, compressed files and schema evolution are read file by file."""
+        checked = [self._checked(split) for split in splits]
+        together = [s for s in checked if self._reader.groupable(s)]
+        yield from read_group(self._reader, together)
+        for split in checked:
+            if not self._reader.groupable(split):
+                yield from self._reader.read(split)
+
+    def _checked(self, split: Split) -> FileSplit:
+        """``split`` as a :class:`FileSplit` of (a piece of) a bound file; anything else is a caller's bug."""
         if not isinstance(split, FileSplit):
             if split.start != 0 or split.end <= 0:
                 raise ValueError(f"split of {split.partition!r} is [{split.start}, {split.end}): a file reads [0, end)")
             split = self._file_split(split.partition, split.end)
         if not 0 <= split.start < split.end <= split.size:
             raise ValueError(f"split of {split.partition!r} is [{split.start}, {split.end}) of a file of {split.size}")
-        yield from self._reader.read(split)
+        return split
 
     # -- listing -----------------------------------------------------------------------------------
 

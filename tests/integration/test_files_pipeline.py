@@ -263,3 +263,31 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
     loaded = {f"{p}#{g}" for (p, g), r in cli_file_states(tmp_path, capsys).items() if r["state"] == "Loaded"}
     history = file_states(tmp_path)
     assert {k for k in loaded if history.get(k) != "Loaded"} == set(), seed
+
+
+def test_many_small_files_land_once_on_spark_one_parquet_file_per_task(tmp_path, spark):
+    """Spark tasks read their files as one stream (``read_group``): every row once, checked with
+    pyarrow over the Delta log, and a task's files land as one parquet file, not one per file."""
+    import pyarrow.parquet as pq
+    from deltalake import DeltaTable
+
+    from reclock.dataplane import SparkDataPlane
+    from reclock.pipeline import Pipeline
+    from reclock.sources.files import FilesSource
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(200):
+        (folder / f"{i:03d}.csv").write_text("id,name\n" + "".join(f"{i * 20 + j},n{j}\n" for j in range(20)))
+    (folder / "bad.csv").write_text("id,name\nnot a number,x\n")
+    source = FilesSource(path=folder, columns={"id": "int64", "name": "string"})
+    pipeline = Pipeline("small", tmp_path / "lake", source, data_plane=SparkDataPlane(spark))
+    while not pipeline.step().idle:
+        pass
+    table = DeltaTable(str(pipeline.sinks["rows"].path))
+    uris = table.file_uris()
+    ids = pq.ParquetDataset(uris).read(columns=["id"]).column("id").to_pylist()
+    assert sorted(ids) == list(range(200 * 20))
+    assert len(uris) <= 2 * spark.sparkContext.defaultParallelism  # one file per task, not per file
+    errors = pq.ParquetDataset(DeltaTable(str(pipeline.sinks["_errors"].path)).file_uris()).read()
+    assert errors.column("_partition").to_pylist() == ['["bad.csv",0]']
