@@ -94,7 +94,7 @@ def test_an_s3_prefix_is_listed_page_by_page_without_hidden_files_and_read_like_
         for output, batch in source.read(split):
             assert output == "rows"
             rows.setdefault(split.partition[0], []).extend(batch.column("id").to_pylist())
-    assert len(rows) == 100, "the cap takes max_files_per_batch files"
+    assert len(rows) == source.max_files_per_batch == 1000, "the cap takes max_files_per_batch files"
     assert all(ids == [int(path[-8:-4])] for path, ids in rows.items() if path.endswith(".csv")), rows
 
     [whole] = source.splits(lower, Frontier({("day-0/big.jsonl.gz", 0): upper.offset(("day-0/big.jsonl.gz", 0))}))
