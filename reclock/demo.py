@@ -26,7 +26,7 @@ import multiprocessing
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, TextIO
 
 import pyarrow as pa
@@ -41,7 +41,7 @@ from reclock.persist.lake import Lake
 from reclock.status import read_status
 from reclock.time import Frontier, IntoTime
 
-__all__ = ["DEMO", "DEMO_PARTITIONS", "SOURCES", "run_demo"]
+__all__ = ["DEMO", "DEMO_PARTITIONS", "SOURCES", "kafka_source", "run_demo"]
 
 #: The demo pipeline's name (its folder in the lake).
 DEMO = "demo"
@@ -104,6 +104,20 @@ def _generator_demo(lake: Lake, *, events: int, rate: float, engine: str, out: T
     return min(readable_upper(lake, DEMO), pipeline.remap.bindings.upper) - 1  # the closing binding
 
 
+def kafka_source(bootstrap: str, schemas: Mapping[str, pa.Schema]) -> dict[str, Any]:
+    """The ``[source]`` of a demo pipeline reading each topic, JSON with its schema, into its output."""
+    return {
+        "kind": "kafka",
+        "bootstrap_servers": bootstrap,
+        "topics": list(schemas),
+        "outputs": {
+            topic: {"topics": [topic], "format": "json", "schema": {f.name: str(f.type) for f in schema}}
+            for topic, schema in schemas.items()
+        },
+        "read_timeout_s": 10.0,
+    }
+
+
 def _pipeline_section(lake: Lake, engine: str) -> dict[str, Any]:
     return {"name": DEMO, "lake": str(lake.root), "engine": engine, "batch_interval": 0.2, "max_batch": 100_000}
 
@@ -121,16 +135,7 @@ def _kafka_demo(lake: Lake, *, events: int, rate: float, engine: str, out: TextI
         config = parse_config(
             {
                 "pipeline": _pipeline_section(lake, engine),
-                "source": {
-                    "kind": "kafka",
-                    "bootstrap_servers": broker.bootstrap,
-                    "topics": list(schemas),
-                    "outputs": {
-                        topic: {"topics": [topic], "format": "json", "schema": {f.name: str(f.type) for f in schema}}
-                        for topic, schema in schemas.items()
-                    },
-                    "read_timeout_s": 10.0,
-                },
+                "source": kafka_source(broker.bootstrap, schemas),
             }
         )
         job.create(config, storage_options=lake.store.options)

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from reclock import job
 from reclock.config import parse_config
-from reclock.demo import DEMO_PARTITIONS, _create_topics, _ProducerProcess
+from reclock.demo import DEMO_PARTITIONS, _create_topics, _ProducerProcess, kafka_source
 from reclock.health import Health
 from reclock.persist.asof import latest_cut, readable_upper
 from reclock.persist.lake import Lake
@@ -58,19 +58,10 @@ def run_timeline_demo(lake: Lake, *, events: int, rate: float, engine: str, out:
         EmbeddedBroker(log_dir=logs) as broker,
     ):
         _create_topics(broker.bootstrap, list(schemas))
-        kafka_source = {
-            "kind": "kafka",
-            "bootstrap_servers": broker.bootstrap,
-            "topics": list(schemas),
-            "outputs": {
-                topic: {"topics": [topic], "format": "json", "schema": {f.name: str(f.type) for f in schema}}
-                for topic, schema in schemas.items()
-            },
-            "read_timeout_s": 10.0,
-        }
+        kafka = kafka_source(broker.bootstrap, schemas)
         files_source = {"kind": "files", "path": inbox, "output": "readings", "columns": _READINGS}
         generator_source = {"kind": "generator", "partitions": DEMO_PARTITIONS, "rate": rate, "limit": events}
-        for name, source in ((KAFKA, kafka_source), (FILES, files_source), (GENERATOR, generator_source)):
+        for name, source in ((KAFKA, kafka), (FILES, files_source), (GENERATOR, generator_source)):
             section = {
                 "name": name,
                 "lake": str(lake.root),
