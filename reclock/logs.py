@@ -84,7 +84,16 @@ class _Context(logging.Filter):
 
 
 class _TextFormatter(logging.Formatter):
-    """``2026-11-23T07:30:00.123Z INFO reclock.job [orders batch 1795...] message``."""
+    """``2026-11-23T07:30:00.123Z INFO reclock.job [orders batch 1795...] message``.
+
+    A record's exception (kafka-python logs a dropped connection with one) is its type and first
+    line, on the record's own line; its traceback only at DEBUG, so a terminal never shows one for
+    a fault the job handles.
+    """
+
+    def __init__(self, *, tracebacks: bool = False) -> None:
+        super().__init__()
+        self.tracebacks = tracebacks
 
     def format(self, record: logging.LogRecord) -> str:
         where = []
@@ -95,7 +104,12 @@ class _TextFormatter(logging.Formatter):
         context = f" [{' '.join(where)}]" if where else ""
         line = f"{_utc(record.created)} {record.levelname} {record.name}{context} {record.getMessage()}"
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            if self.tracebacks:
+                line += "\n" + self.formatException(record.exc_info)
+            elif record.exc_info[1] is not None:
+                exc = record.exc_info[1]
+                first = str(exc).strip().splitlines()[:1]
+                line += f" ({type(exc).__name__}{': ' + first[0] if first else ''})"
         return line
 
 
@@ -133,7 +147,7 @@ def configured(level: str = "WARNING", fmt: str = "text", stream: TextIO | None 
     """
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.addFilter(_Context())
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
+    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter(tracebacks=level == "DEBUG"))
     loggers = [logging.getLogger(name) for name in _LOGGERS]
     levels = [logger.level for logger in loggers]
     for logger in loggers:

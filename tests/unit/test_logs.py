@@ -110,3 +110,22 @@ def test_main_called_in_a_process_leaves_its_logging_as_it_was(tmp_path, capsys)
     before = [(logger.level, list(logger.handlers), logger.propagate) for logger in loggers]
     assert main(["--lake", str(tmp_path / "lake"), "--log-level", "DEBUG", "status"]) == 0
     assert [(logger.level, list(logger.handlers), logger.propagate) for logger in loggers] == before
+
+
+@pytest.mark.parametrize(("level", "traceback"), [("WARNING", False), ("DEBUG", True)])
+def test_an_exception_a_library_logs_is_one_line_unless_debugging(level, traceback):
+    """kafka-python logs a dropped connection with its exception: a terminal sees one line for it."""
+    import io
+
+    from reclock import logs
+
+    out = io.StringIO()
+    with logs.configured(level, "text", out):
+        try:
+            raise ConnectionResetError("Connection reset by peer\nmore detail")
+        except ConnectionResetError:
+            logging.getLogger("kafka.net").warning("Error receiving socket", exc_info=True)
+    text = out.getvalue()
+    assert "Error receiving socket (ConnectionResetError: Connection reset by peer)" in text or traceback
+    assert ("Traceback" in text) is traceback
+    assert (len(text.strip().splitlines()) == 1) is not traceback
