@@ -7,8 +7,8 @@ time, for one step), and a filter copies them onto every record of the ``reclock
 Context variables are per thread: a helper thread's lines (the stop watcher, a probe) name the
 pipeline in their message instead.
 
-Only the ``reclock`` logger tree, and kafka-python's ``kafka`` (whose lines explain a refused SASL
-handshake), are configured, not the root logger: an application that embeds reclock keeps its
+Only the ``reclock`` logger tree, and kafka-python's ``kafka`` at INFO and DEBUG (whose lines
+explain a refused SASL handshake), are configured, not the root logger: an application that embeds reclock keeps its
 own logging, and other chatty libraries (py4j at DEBUG) stay quiet. Spark's
 own log4j output is configured separately, by :func:`spark_conf`: quiet (errors only) by default,
 or, with ``$RECLOCK_SPARK_LOG`` naming a file, written there at INFO and kept out of the terminal.
@@ -152,7 +152,11 @@ def configured(level: str = "WARNING", fmt: str = "text", stream: TextIO | None 
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.addHandler(handler)
-        logger.setLevel(level)
+        # kafka-python logs every dropped connection at ERROR, and the job already says the same
+        # once, as a stall (or, at the end of a demo, the broker it stopped): its lines are for
+        # INFO and DEBUG, where a refused SASL handshake shows its cause.
+        quiet = logger.name == "kafka" and level not in ("DEBUG", "INFO")
+        logger.setLevel("CRITICAL" if quiet else level)
     try:
         yield
     finally:

@@ -113,8 +113,8 @@ def test_main_called_in_a_process_leaves_its_logging_as_it_was(tmp_path, capsys)
 
 
 @pytest.mark.parametrize(("level", "traceback"), [("WARNING", False), ("DEBUG", True)])
-def test_an_exception_a_library_logs_is_one_line_unless_debugging(level, traceback):
-    """kafka-python logs a dropped connection with its exception: a terminal sees one line for it."""
+def test_a_logged_exception_is_one_line_unless_debugging(level, traceback):
+    """A terminal sees one line for a fault the job handles; its traceback only at DEBUG."""
     import io
 
     from reclock import logs
@@ -124,8 +124,21 @@ def test_an_exception_a_library_logs_is_one_line_unless_debugging(level, traceba
         try:
             raise ConnectionResetError("Connection reset by peer\nmore detail")
         except ConnectionResetError:
-            logging.getLogger("kafka.net").warning("Error receiving socket", exc_info=True)
+            logging.getLogger("reclock.test").warning("could not publish", exc_info=True)
     text = out.getvalue()
-    assert "Error receiving socket (ConnectionResetError: Connection reset by peer)" in text or traceback
+    assert "could not publish (ConnectionResetError: Connection reset by peer)" in text or traceback
     assert ("Traceback" in text) is traceback
     assert (len(text.strip().splitlines()) == 1) is not traceback
+
+
+@pytest.mark.parametrize(("level", "shown"), [("WARNING", False), ("ERROR", False), ("INFO", True), ("DEBUG", True)])
+def test_kafka_python_speaks_at_info_and_debug_only(level, shown):
+    """Its dropped-connection errors repeat what the job says as a stall; at INFO it explains one."""
+    import io
+
+    from reclock import logs
+
+    out = io.StringIO()
+    with logs.configured(level, "text", out):
+        logging.getLogger("kafka.net.connection").error("Connection lost: socket disconnected")
+    assert ("Connection lost" in out.getvalue()) is shown
