@@ -150,13 +150,15 @@ def configured(level: str = "WARNING", fmt: str = "text", stream: TextIO | None 
     handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter(tracebacks=level == "DEBUG"))
     loggers = [logging.getLogger(name) for name in _LOGGERS]
     levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.addHandler(handler)
+    if level not in ("DEBUG", "INFO"):
         # kafka-python logs every dropped connection at ERROR, and the job already says the same
         # once, as a stall (or, at the end of a demo, the broker it stopped): its lines are for
-        # INFO and DEBUG, where a refused SASL handshake shows its cause.
-        quiet = logger.name == "kafka" and level not in ("DEBUG", "INFO")
-        logger.setLevel("CRITICAL" if quiet else level)
+        # INFO and DEBUG, where a refused SASL handshake shows its cause. Only this handler drops
+        # them: an embedding application's own handlers still get them.
+        handler.addFilter(lambda record: not record.name.startswith("kafka"))
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(level)
     try:
         yield
     finally:
