@@ -35,7 +35,7 @@ from benchmarks.harness import RESULTS
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from reclock.broker import EmbeddedBroker
+    from reclock.demo.broker import EmbeddedBroker
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -116,7 +116,7 @@ def spark() -> SparkSession:
     global _SPARK
     if _SPARK is None:
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from reclock.spark import spark_session
+        from reclock.job.spark import spark_session
 
         session = spark_session("local[2]")
         session.range(10).count()
@@ -147,7 +147,7 @@ def broker() -> EmbeddedBroker:
     if _BROKER is None or not _BROKER.running:
         import atexit
 
-        from reclock.broker import EmbeddedBroker
+        from reclock.demo.broker import EmbeddedBroker
 
         _BROKER = EmbeddedBroker().start()
         atexit.register(_stop_broker, _BROKER)
@@ -576,8 +576,8 @@ _BUCKETS = (
     ("kafka-python: other", ("kafka/", "<codegen_decode")),
     ("JSON decode (sources/decode/, pyarrow.json)", ("sources/decode/", "pyarrow/json")),
     ("parquet write + stats (persist/sink.py)", ("persist/sink.py", "pyarrow/parquet")),
-    ("stamping (reclock/stamp.py)", ("reclock/stamp.py",)),
-    ("reclock data plane (reclock/dataplane.py)", ("reclock/dataplane.py",)),
+    ("stamping (reclock/timeline/stamp.py)", ("reclock/timeline/stamp.py",)),
+    ("reclock data plane (reclock/runtime/dataplane.py)", ("reclock/runtime/dataplane.py",)),
     ("Kafka source Python (sources/kafka/)", ("sources/kafka/",)),
     ("other reclock / persist / sources", ("reclock/", "persist/", "sources/")),
     ("delta-rs (deltalake)", ("deltalake/",)),
@@ -591,7 +591,7 @@ _MARKERS = (
     "run_split",
     "KafkaSource.read",
     "KafkaConsumer.poll",
-    "shape",
+    "decode",
     "Decoder.decode",
     "write_data_file",
     "Stamper.into_times",

@@ -7,7 +7,7 @@ topic in about a second here, with end offsets taken from its delivery reports (
 ``ListOffsets(LATEST)`` cannot be trusted, see :func:`benchmarks.common.produce`).
 
 :func:`land` is what ``kafka_e2e`` and ``kafka_partitions`` time for reclock: a fresh lake, a
-:class:`~reclock.pipeline.Pipeline` over a :class:`~sources.kafka.KafkaSource` (JSON) on the data
+:class:`~reclock.runtime.pipeline.Pipeline` over a :class:`~reclock.sources.kafka.KafkaSource` (JSON) on the data
 plane given, stepping until the resume frontier holds every produced end offset, then checked
 from the outputs' Delta logs (not from the pipeline's own reports).
 """
@@ -85,7 +85,7 @@ def land(
     Timed from the source's construction (consumers connected, tables created) to the step that
     commits the last record, so the fixed costs count.
     """
-    from reclock.pipeline import Pipeline
+    from reclock.runtime.pipeline import Pipeline
     from reclock.sources.kafka import KafkaSource
 
     want = {(t, p): end for t, parts in ends.items() for p, end in parts.items()}

@@ -29,8 +29,8 @@ from reclock.persist.remap import RemapTable
 from reclock.persist.sink import ENVELOPE
 from reclock.persist.spark_files import read_parquet_files
 from reclock.persist.store import LOCAL, LakePath, Store
-from reclock.resumption import is_finished, resume_upper
-from reclock.time import INTO_TS, IntoTime, label_upper
+from reclock.timeline.frontier import INTO_TS, IntoTime, label_upper
+from reclock.timeline.resume import is_finished, resume_upper
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from reclock.errors import ConfigError, ReclockError, StorageError
-from reclock.persist.storage import lake_io
+from reclock.persist.faults import lake_io
 from reclock.persist.store import LakePath, Store, StorePath
 
 __all__ = ["Conflict", "Tagged", "put", "read"]

@@ -5,7 +5,7 @@ field a record carries that is not a column of its output table. Declared column
 ``schema``/``columns``, an Avro reader schema, a Parquet file's inferred schema) are the table's
 first columns; a source asked to keep unknown fields (see :func:`keep_unknown_fields`) hands
 every record's other fields to the runtime as one JSON object in the staged column
-:data:`~reclock.time.UNKNOWN_FIELDS`. The policy of the output, after Auto Loader's
+:data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`. The policy of the output, after Auto Loader's
 ``cloudFiles.schemaEvolutionMode``, then decides, in the task (:func:`evolve`):
 
 * ``none`` (default): they are ignored, as before there were policies;
@@ -34,7 +34,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from reclock.errors import DefiniteSourceError
 from reclock.persist.layout import INTO_DATE, RESCUED, OutputLayout, read_files
 from reclock.persist.store import LakePath, Store
-from reclock.time import INTO_TS, OFFSET, PARTITION, UNKNOWN_FIELDS
+from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, UNKNOWN_FIELDS
 
 __all__ = ["SchemaEvolutionError", "commit_new_fields", "evolve", "new_fields_of", "refuse_new_fields"]
 

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.persist.store import LakePath, Store
-from reclock.time import INTO_TS, OFFSET, PARTITION
+from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 
 __all__ = [
     "EVOLUTION_MODES",

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, replace
 from reclock.errors import ReclockError, TransientError
 from reclock.persist import conditional
 from reclock.persist.lake import Lake
-from reclock.time import wall_clock_ms
+from reclock.timeline.frontier import wall_clock_ms
 
 __all__ = ["DEFAULT_TTL_S", "Holder", "Lease", "LeaseHeld", "LeaseLost", "LeaseRecord", "read_lease"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from deltalake import CommitProperties, DeltaTable
 
-from reclock.persist.storage import lake_io
+from reclock.persist.faults import lake_io
 
 __all__ = ["optimize", "retention_properties", "set_retention", "vacuum"]
 

@@ -3,7 +3,7 @@
 Each binding is one Delta commit of rows ``(into_ts, partition, offset, closed)``: one row per
 partition whose upper moved, or a single row with a null partition when only time advanced
 (``closed`` marks the binding of a finished source). The table is never rewritten, so replaying
-the rows in ``into_ts`` order rebuilds exactly the :class:`~reclock.bindings.Bindings` every
+the rows in ``into_ts`` order rebuilds exactly the :class:`~reclock.timeline.bindings.Bindings` every
 writer saw.
 
 *Compaction* (:meth:`RemapTable.compact`) rewrites the table as one file in which every binding at
@@ -36,12 +36,20 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
-from reclock.bindings import Bindings
+from reclock.persist.faults import lake_io
 from reclock.persist.read import read_table
 from reclock.persist.sink import write_data_file
-from reclock.persist.storage import lake_io
 from reclock.persist.store import LOCAL, LakePath, Store, StorePath
-from reclock.time import Frontier, IntoTime, Offset, Partition, decode_partition, encode_partition, wall_clock_ms
+from reclock.timeline.bindings import Bindings
+from reclock.timeline.frontier import (
+    Frontier,
+    IntoTime,
+    Offset,
+    Partition,
+    decode_partition,
+    encode_partition,
+    wall_clock_ms,
+)
 
 __all__ = ["COMPACTED", "REREAD_START", "USER_SKIP", "REMAP_SCHEMA", "RemapTable", "Skip"]
 

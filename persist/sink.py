@@ -34,10 +34,10 @@ from deltalake.transaction import AddAction
 
 from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields
+from reclock.persist.faults import lake_io
 from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
-from reclock.persist.storage import lake_io
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
-from reclock.time import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
+from reclock.timeline.frontier import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
 
 __all__ = [
     "append_unlabelled",

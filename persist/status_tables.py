@@ -27,7 +27,7 @@ from deltalake import write_deltalake
 from reclock.persist import maintenance
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
-from reclock.time import wall_clock_ms
+from reclock.timeline.frontier import wall_clock_ms
 
 __all__ = ["STATUS_SCHEMAS", "StatusTables", "read_status_table"]
 

@@ -30,11 +30,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reclock.errors import ConfigError
+from reclock.persist.faults import lake_io
 from reclock.persist.lake import Lake
 from reclock.persist.sink import OutputSink, table_schema, write_data_file
-from reclock.persist.storage import lake_io
 from reclock.persist.store import LakePath, Store
-from reclock.time import INTO_TS, IntoTime
+from reclock.timeline.frontier import INTO_TS, IntoTime
 
 __all__ = ["DEFINITION", "InputScan", "WindowTable", "window_app_id", "window_path"]
 

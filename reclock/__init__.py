@@ -13,19 +13,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from reclock.bindings import Bindings
 from reclock.errors import ConfigError, ContractError, DefiniteSourceError, FencedError, ReclockError, TransientError
-from reclock.stamp import UNBOUND, Stamper
-from reclock.time import Frontier, decode_partition, encode_partition
+from reclock.timeline.bindings import Bindings
+from reclock.timeline.frontier import Frontier, decode_partition, encode_partition
+from reclock.timeline.stamp import UNBOUND, Stamper
 
 #: Public names whose modules load Delta, Spark or pyarrow: imported when first asked for.
 _LAZY = {
-    "Pipeline": "reclock.pipeline",
-    "BatchReport": "reclock.pipeline",
-    "Settings": "reclock.settings",
-    "Maintenance": "reclock.settings",
-    "LocalDataPlane": "reclock.dataplane",
-    "SparkDataPlane": "reclock.dataplane",
+    "Pipeline": "reclock.runtime.pipeline",
+    "BatchReport": "reclock.runtime.pipeline",
+    "Settings": "reclock.runtime.settings",
+    "Maintenance": "reclock.runtime.settings",
+    "LocalDataPlane": "reclock.runtime.dataplane",
+    "SparkDataPlane": "reclock.runtime.dataplane",
     "Source": "reclock.sources.base",
     "SourceBase": "reclock.sources.base",
     "Output": "reclock.sources.base",
@@ -35,8 +35,8 @@ _LAZY = {
     "read_as_of_spark": "reclock.persist.asof",
     "readable_upper": "reclock.persist.asof",
     "Lake": "reclock.persist.lake",
-    "Window": "reclock.windows",
-    "Shape": "reclock.shaping",
+    "Window": "reclock.runtime.windows",
+    "Shape": "reclock.runtime.shaping",
 }
 
 __all__ = [

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import pyarrow as pa
 
 from reclock.sources.base import LINEAGE_FIELDS, Output, SourceBase, Split, debezium_schema
-from reclock.time import OFFSET, PARTITION, Frontier, Partition, encode_partition
+from reclock.timeline.frontier import OFFSET, PARTITION, Frontier, Partition, encode_partition
 
 __all__ = ["CrashAt", "FakeClock", "MemorySource", "SimulatedCrash"]
 

@@ -4,12 +4,12 @@ Shaped like PySpark 4's Python streaming data source (``latestOffset``, ``partit
 ``commit``) with reclock's vocabulary:
 
 * :meth:`Source.upper` runs on the driver and *probes* how far data exists now, as a
-  :class:`~reclock.time.Frontier` (offset = first offset **not** yet available).
+  :class:`~reclock.timeline.frontier.Frontier` (offset = first offset **not** yet available).
 * :meth:`Source.splits` cuts the records between two frontiers into picklable :class:`Split` s.
 * :meth:`Source.read` runs in a Spark task and yields ``(output name, Arrow batch)`` pairs. It must
   be *replayable*: the same split returns the same records every time, which is what makes
   resumption exact. Every batch carries ``_partition`` (the encoded partition id, see
-  :func:`~reclock.time.encode_partition`) and ``_offset`` (int64, the record's source offset)
+  :func:`~reclock.timeline.frontier.encode_partition`) and ``_offset`` (int64, the record's source offset)
   next to the output's own columns.
 * :meth:`Source.commit` is told the resume frontier after each batch (advisory: a Kafka source
   commits it to its consumer group); resumption never reads it back.
@@ -37,7 +37,7 @@ from typing import Literal, Protocol, runtime_checkable
 import pyarrow as pa
 
 from reclock.errors import ReclockError
-from reclock.time import OFFSET, PARTITION, Frontier, Offset, Partition
+from reclock.timeline.frontier import OFFSET, PARTITION, Frontier, Offset, Partition
 
 __all__ = [
     "ERRORS",
@@ -173,7 +173,7 @@ class SourceBase:
     #: (``reclock set-offsets``). Off unless a source says so: a byte offset into a file would
     #: cut a record in two.
     settable_offsets: bool = False
-    #: Whether the source reads a partition made by :func:`~reclock.time.reread` (``reclock
+    #: Whether the source reads a partition made by :func:`~reclock.timeline.frontier.reread` (``reclock
     #: set-offsets`` below what is bound): the same records again, under their own identity.
     rereads: bool = False
 

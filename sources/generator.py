@@ -45,7 +45,7 @@ import pyarrow.compute as pc
 
 from reclock.errors import ConfigError
 from reclock.sources.base import LINEAGE_FIELDS, Output, SourceBase, Split
-from reclock.time import Frontier, encode_partition
+from reclock.timeline.frontier import Frontier, encode_partition
 
 __all__ = [
     "AUCTIONS",

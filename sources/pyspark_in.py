@@ -4,7 +4,7 @@ PySpark's streaming data source and reclock's source protocol ask the same quest
 words: ``latestOffset`` is the probe (:meth:`Source.upper`), ``partitions(start, end)`` the cut
 (:meth:`Source.splits`), ``read(partition)`` the task, ``commit(end)`` the advisory committer.
 What differs is the offset: PySpark's is an opaque JSON-able dict, reclock's a
-:class:`~reclock.time.Frontier` of partition -> first record offset *not* included, and reclock
+:class:`~reclock.timeline.frontier.Frontier` of partition -> first record offset *not* included, and reclock
 needs every record's own ``(partition, offset)`` to stamp it. An :class:`OffsetCodec` is that
 mapping, in both directions:
 
@@ -44,7 +44,7 @@ from pyspark.sql.types import StructType
 
 from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Output, SourceBase, Split, clip_message, error_batch
-from reclock.time import Frontier, Partition, encode_partition
+from reclock.timeline.frontier import Frontier, Partition, encode_partition
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import DataSource, DataSourceStreamReader

@@ -4,7 +4,7 @@ The same files (JSON-event-like rows: 6 columns, about 90 bytes a CSV line) are 
 CSV (with a header) and once as Parquet. Two contenders ingest each directory, alternating run by
 run, on the one shared ``local[2]`` session:
 
-* **reclock**: a :class:`~reclock.pipeline.Pipeline` over :class:`~sources.files.FilesSource` on
+* **reclock**: a :class:`~reclock.runtime.pipeline.Pipeline` over :class:`~reclock.sources.files.FilesSource` on
   the Spark data plane, stepping until every file is landed in its Delta output;
 * **(c) Spark Structured Streaming** (``baselines/spark_file_stream.py``): ``readStream`` with the
   schema, ``writeStream.format("parquet")`` with its own checkpoint, ``trigger(availableNow)``;
@@ -114,8 +114,8 @@ def _write_inputs(root: Path, files: int, rows_per_file: int) -> None:
 
 
 def _reclock(session: Any | None, source_dir: Path, fmt: str, lake: Path, expected: int) -> float:
-    from reclock.dataplane import LocalDataPlane, SparkDataPlane
-    from reclock.pipeline import Pipeline
+    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+    from reclock.runtime.pipeline import Pipeline
     from reclock.sources.files import FilesSource
 
     started = time.perf_counter()

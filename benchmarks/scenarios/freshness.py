@@ -2,7 +2,7 @@
 
 A child process produces JSON events into two topics (4 partitions each) at a steady rate; each
 record carries ``ts``, the wall-clock millisecond at which it was handed to the producer. A real
-ingest job (:func:`reclock.job.run`, the code behind ``reclock start``: status tables, metrics and
+ingest job (:func:`reclock.job.lifecycle.run`, the code behind ``reclock start``: status tables, metrics and
 all) runs with ``batch_interval`` 0.5 s three times: every batch on the Spark data plane (the
 shared ``local[2]`` session, ``small_batch_offsets = 0``), with the default automatic choice
 (``AutoDataPlane``: batches under ``small_batch_offsets`` run in the driver, larger ones on Spark),
@@ -60,7 +60,7 @@ BATCH_INTERVAL = 0.5
 PARTITIONS = 4
 #: The three ways a job can run its batches: ``(engine, [spark] small_batch_offsets)``. "spark"
 #: sends every batch to Spark, "auto" is the default (batches under the threshold run in the
-#: driver, see ``reclock.dataplane.AutoDataPlane``), "local" never starts Spark.
+#: driver, see ``reclock.runtime.dataplane.AutoDataPlane``), "local" never starts Spark.
 PLANES = {"spark": ("spark", 0), "auto": ("spark", None), "local": ("local", None)}
 
 
@@ -118,11 +118,11 @@ def run(full: bool = False) -> ScenarioResult:
 def _freshness(
     plane: str, engine: str, small_batch_offsets: int | None, rate: int, seconds: float
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    from reclock import job
-    from reclock.config import parse_config
+    from reclock.job import lifecycle
+    from reclock.job.config import parse_config
+    from reclock.job.status import read_status
     from reclock.persist.lake import Lake
     from reclock.sources.kafka import output_name_for
-    from reclock.status import read_status
 
     bootstrap = broker().bootstrap
     spark_section: dict[str, Any] = {"master": "local[2]"}
@@ -151,12 +151,12 @@ def _freshness(
                 },
             }
         )
-        job.create(config)
+        lifecycle.create(config)
         failure: list[BaseException] = []
 
         def run_job() -> None:
             try:
-                job.run(lake, "fresh")
+                lifecycle.run(lake, "fresh")
             except BaseException as exc:  # reported below
                 failure.append(exc)
 
@@ -174,7 +174,7 @@ def _freshness(
         sent = int(done[1])
         tables = [lake.output_path("fresh", output_name_for(t)) for t in topics]
         wait_until(lambda: sum(c.rows for t in tables for c in delta_commits(t)) >= sent, 120, what="all records")
-        job.request_stop(lake, "fresh")
+        lifecycle.request_stop(lake, "fresh")
         thread.join(timeout=120)
         if failure:
             raise failure[0]
@@ -230,9 +230,9 @@ class _Timed:
 
 def _batch_costs(session: Any, sizes: dict[str, list[int]], runs: int) -> dict[str, dict[str, list[float]]]:
     """Median seconds of one pipeline step per batch size, per plane, per source."""
-    from reclock.dataplane import LocalDataPlane, SparkDataPlane
-    from reclock.pipeline import Pipeline
-    from reclock.settings import Settings
+    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+    from reclock.runtime.pipeline import Pipeline
+    from reclock.runtime.settings import Settings
     from reclock.sources.generator import GeneratorSource
     from reclock.sources.kafka import KafkaSource
 

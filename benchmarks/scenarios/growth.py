@@ -7,7 +7,7 @@ a job's would at one batch a second. At each sampled age we read
 * the **median step** over the 500 steps before it: one whole maintenance cycle, from the step
   after one maintenance to the step that runs the next (included), so the sample is the same
   mix of fresh and crowded tables at every age,
-* the **reopen** time: a new :class:`~reclock.pipeline.Pipeline` on the same lake, as a restart
+* the **reopen** time: a new :class:`~reclock.runtime.pipeline.Pipeline` on the same lake, as a restart
   builds it (the remap table replayed, every output's snapshot loaded), median of 3, taken just
   *before* the step that maintains (the most files a restart can meet), and just after it,
 * the **live files** of the largest output and the parquet files on disk in the whole lake.
@@ -34,10 +34,10 @@ from deltalake import DeltaTable, write_deltalake
 
 from benchmarks.common import figure, save_figure, workdir
 from benchmarks.harness import Ratio, ScenarioResult
-from reclock.dataplane import LocalDataPlane
 from reclock.persist.maintenance import set_retention
-from reclock.pipeline import Pipeline
-from reclock.settings import Maintenance, Settings
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Maintenance, Settings
 from reclock.sources.generator import GeneratorSource
 
 __all__ = ["run"]

@@ -5,8 +5,8 @@ once, before anything is timed. Then six contenders read the very same offset ra
 run by run; each run is checked against what was produced (the Delta logs of its tables for those
 that land data, the count for those that only read):
 
-* **reclock on Spark**: a :class:`~reclock.pipeline.Pipeline` over a
-  :class:`~sources.kafka.KafkaSource` (``format="json"``) on the Spark data plane (``local[2]``),
+* **reclock on Spark**: a :class:`~reclock.runtime.pipeline.Pipeline` over a
+  :class:`~reclock.sources.kafka.KafkaSource` (``format="json"``) on the Spark data plane (``local[2]``),
   default settings, stepping until every output holds the produced end offsets; the Kafka consumer
   group is committed as usual (:func:`benchmarks.landing.land`).
 * **reclock in-driver**: the same pipeline with ``data_plane=LocalDataPlane()``: no Spark at all.
@@ -83,7 +83,7 @@ WRITTEN = "reclock, Spark: rows in task files, not yet committed"
 
 
 def run(full: bool = False) -> ScenarioResult:
-    from reclock.dataplane import LocalDataPlane, SparkDataPlane
+    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
 
     per_topic = 1_000_000 if full else 200_000
     runs = 7 if full else 5

@@ -31,7 +31,7 @@ __all__ = ["run"]
 # would report the parent's size; VmHWM belongs to the process's own address space.
 _DRIVER = """
 import sys
-from reclock.cli import main
+from reclock.cli.main import main
 code = main(sys.argv[1:])
 with open("/proc/self/status") as f:
     hwm = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
@@ -86,14 +86,14 @@ def run(full: bool = False) -> ScenarioResult:
 
 def _job(engine: str, records: int, max_batch: int) -> dict[str, Any]:
     """Run one generator job to its end in a fresh process; its peaks and wall time."""
-    from reclock import job
-    from reclock.config import parse_config
+    from reclock.job import lifecycle
+    from reclock.job.config import parse_config
     from reclock.persist.lake import Lake
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     with workdir(f"memory-{engine}") as root:
         lake = Lake.at(root / "lake")
-        job.create(
+        lifecycle.create(
             parse_config(
                 {
                     "pipeline": {"name": "mem", "lake": str(lake.root), "engine": engine, "max_batch": max_batch},

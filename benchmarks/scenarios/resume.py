@@ -50,7 +50,7 @@ FIRST_COMMIT_TARGET = 0.3
 
 _SESSION_PROBE = """
 import sys, time
-from reclock.spark import spark_session
+from reclock.job.spark import spark_session
 session = spark_session("local[2]")
 print("ready", flush=True)
 started = time.perf_counter()
@@ -126,15 +126,15 @@ def _session_startup() -> tuple[float, float]:
 
 
 def _kill_and_restart(rate: int, limit: int, max_batch: int) -> dict[str, Any]:
-    from reclock import job
-    from reclock.config import parse_config
+    from reclock.job import lifecycle
+    from reclock.job.config import parse_config
+    from reclock.job.status import read_status
     from reclock.persist.lake import Lake
-    from reclock.status import read_status
 
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     with workdir("resume") as root:
         lake = Lake.at(root / "lake")
-        job.create(
+        lifecycle.create(
             parse_config(
                 {
                     "pipeline": {

@@ -5,8 +5,8 @@ and a stat of every file at every probe, a parse and a parquet file per file) la
 hundred a second however fast it parses. The input: 5,000 CSV files of 20 rows each (10,000 with
 ``--full``), written once before anything is timed. Contenders, alternating run by run:
 
-* **reclock in-driver**: a :class:`~reclock.pipeline.Pipeline` over
-  :class:`~sources.files.FilesSource` (default ``max_files_per_batch``) on the in-driver plane,
+* **reclock in-driver**: a :class:`~reclock.runtime.pipeline.Pipeline` over
+  :class:`~reclock.sources.files.FilesSource` (default ``max_files_per_batch``) on the in-driver plane,
   stepping until every file is loaded, exactly once, each file one partition with its state;
 * **reclock on Spark** (``local[2]``), the same pipeline on the Spark plane;
 * **baseline (f)**: what a capable user writes for a one-off load: ``pyarrow.dataset`` reading
@@ -24,7 +24,7 @@ is one thread) against the issue's absolute 2,000 files/s.
 
 Then the probe: one directory filled a quarter of the input at a time, each quarter landed.
 After each, once its directory is older than the racy window (a directory changed less than 2 s
-before it was read is read again at every probe, see :mod:`sources.files.discovery`), idle
+before it was read is read again at every probe, see :mod:`reclock.sources.files.discovery`), idle
 probes (``source.upper()`` and ``cap``, as the minter calls them) and idle pipeline steps
 are timed in CPU time (1,000 calls each, the least disturbed of 20 groups), and what the probe
 examined is recorded. Target: the probe at the whole input loaded costs at most 1.5x the probe at
@@ -137,8 +137,8 @@ def _write_files(directory: Path, first: int, count: int) -> None:
 
 
 def _reclock(session: Any | None, source_dir: Path, lake: Path, files: int) -> None:
-    from reclock.dataplane import LocalDataPlane, SparkDataPlane
-    from reclock.pipeline import Pipeline
+    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+    from reclock.runtime.pipeline import Pipeline
     from reclock.sources.files import FilesSource
 
     source = FilesSource(path=str(source_dir), format="csv", output="events", columns=COLUMNS)
@@ -169,8 +169,8 @@ def _bulk_load(source_dir: Path, table: Path, files: int) -> None:
 
 def _probe_series(directory: Path, files: int) -> list[dict[str, Any]]:
     """Idle probe and idle step CPU time after each quarter of ``files`` is landed."""
-    from reclock.dataplane import LocalDataPlane
-    from reclock.pipeline import Pipeline
+    from reclock.runtime.dataplane import LocalDataPlane
+    from reclock.runtime.pipeline import Pipeline
     from reclock.sources.files import FilesSource
     from reclock.sources.files.discovery import RACY_MS
 

@@ -2,7 +2,7 @@
 
 The bare baseline is the least work any implementation must do: one ``searchsorted`` of the
 offsets into the binding uppers and a gather of the times, on numpy arrays already in hand. reclock's
-:class:`~reclock.stamp.Stamper` does that plus what a real batch needs: reading the offset column
+:class:`~reclock.timeline.stamp.Stamper` does that plus what a real batch needs: reading the offset column
 from Arrow and checking that every row belongs to the split's partition, which is the path the data
 plane takes. Target: at least 0.5 x the bare rate with 10, 10^3 and 10^5 bindings.
 """

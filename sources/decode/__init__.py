@@ -4,21 +4,21 @@ A :class:`Decoder` turns a list of raw values (``bytes``, or ``None`` for a Kafk
 :class:`Decoded`: one :class:`pyarrow.RecordBatch` holding the rows that decoded, in input order,
 the input indices of those rows (``good``), and ``(index, kind, message)`` for every value that did
 not. Every input index is in exactly one of the two, so a bad record never vanishes: the reader
-turns it into an :data:`~sources.base.ERRORS` row with its coordinates or raises
-:class:`~sources.base.RecordError` when the policy is ``fail``.
+turns it into an :data:`~reclock.sources.base.ERRORS` row with its coordinates or raises
+:class:`~reclock.sources.base.RecordError` when the policy is ``fail``.
 
 The stages, one module each:
 
-* :mod:`~sources.decode.options`: a format's options, checked at definition (:func:`make_decoder`,
+* :mod:`~reclock.sources.decode.options`: a format's options, checked at definition (:func:`make_decoder`,
   :func:`as_schema`).
-* :mod:`~sources.decode.formats`: the five formats (``json``, ``csv``, ``text``, ``bytes``,
+* :mod:`~reclock.sources.decode.formats`: the five formats (``json``, ``csv``, ``text``, ``bytes``,
   ``avro``) and the bulk parse.
-* :mod:`~sources.decode.isolate`: which records of a set that fails to parse are bad. The one
+* :mod:`~reclock.sources.decode.isolate`: which records of a set that fails to parse are bad. The one
   routine, with one contract, that the Kafka decoding and the files reader both call.
-* :mod:`~sources.decode.screening`: cheap guesses that steer isolation through systematically
+* :mod:`~reclock.sources.decode.screening`: cheap guesses that steer isolation through systematically
   bad data.
-* :mod:`~sources.decode.avro`: Avro datums, and the Arrow schema of an Avro schema.
-* :mod:`~sources.decode.result`: what a decoder returns.
+* :mod:`~reclock.sources.decode.avro`: Avro datums, and the Arrow schema of an Avro schema.
+* :mod:`~reclock.sources.decode.result`: what a decoder returns.
 """
 
 from reclock.sources.decode.avro import avro_to_arrow_schema

@@ -65,7 +65,7 @@ def decode_avro(
 
     A Confluent-framed value whose schema id is in ``writers`` is read with that writer schema
     instead (a producer's newer schema): its fields ``schema`` lacks are dropped, or, with
-    ``unknown_fields``, kept as JSON in :data:`~reclock.time.UNKNOWN_FIELDS`; fields it lacks
+    ``unknown_fields``, kept as JSON in :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`; fields it lacks
     are null. Faults are appended to ``errors`` as they are found (a fail-fast list stops there).
     """
     import fastavro

@@ -1,18 +1,18 @@
 """The five formats: JSON, CSV, text, bytes and Avro values decoded into an output's Arrow schema.
 
 A :class:`Decoder` turns a list of raw values (``bytes``, or ``None`` for a Kafka tombstone) into
-a :class:`~sources.decode.result.Decoded`, a whole batch at a time:
+a :class:`~reclock.sources.decode.result.Decoded`, a whole batch at a time:
 
 * ``json``: one JSON object per value, converted to the given schema (missing fields are null,
   unknown fields ignored, a type mismatch is a bad record). The batch is parsed by one
   :func:`pyarrow.json.read_json` call over the newline-joined values; only when that fails are
-  the bad values isolated (:mod:`sources.decode.isolate`), so a clean batch costs one vectorised
+  the bad values isolated (:mod:`reclock.sources.decode.isolate`), so a clean batch costs one vectorised
   parse and ``k`` bad values cost ``O(k log n)`` parses.
 * ``csv``: one delimited row per value (no header), columns named and typed by the schema; parsed
   and isolated like JSON.
 * ``text``: UTF-8 text into one string column ``value``.
 * ``bytes``: the raw value into one binary column ``value``.
-* ``avro``: see :mod:`sources.decode.avro`.
+* ``avro``: see :mod:`reclock.sources.decode.avro`.
 
 A ``None`` value (a tombstone) decodes to a row of nulls, never to an error. Results are
 deterministic per value: whether a value is good, and what it decodes to, does not depend on the
@@ -50,7 +50,7 @@ _OPEN_BRACE = ord("{")
 
 @dataclass(frozen=True)
 class Decoder:
-    """A picklable, validated decoder for one output; build it with :func:`~sources.decode.make_decoder`."""
+    """A picklable, validated decoder for one output; build it with :func:`~reclock.sources.decode.make_decoder`."""
 
     format: Format
     schema: pa.Schema
@@ -61,7 +61,7 @@ class Decoder:
     #: Later writer schemas of Confluent-framed Avro values, by schema id: a datum is read with
     #: its own writer's schema, so fields a newer writer added are seen (and kept, see below).
     avro_writer_schemas: tuple[tuple[int, Any], ...] = ()
-    #: Add :data:`~reclock.time.UNKNOWN_FIELDS`: each value's fields the schema lacks, as JSON
+    #: Add :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`: each value's fields the schema lacks, as JSON
     #: (schema evolution; JSON objects' other keys, Avro writer fields the reader schema lacks).
     unknown_fields: bool = False
     _avro_parsed: Any = field(default=None, init=False, repr=False, compare=False)
@@ -156,7 +156,7 @@ class Decoder:
                 bulk = [i for i in bulk if _valid_utf8(lines[i], i, faults)]
 
         # Step 2: parse the bulk in one call; if that fails, isolate the bad values (see
-        # sources.decode.isolate). When many pieces fail (systematically bad data), a Python screen
+        # reclock.sources.decode.isolate). When many pieces fail (systematically bad data), a Python screen
         # picks the likely culprits, which are parsed alone, so that the rest parses in bulk again.
         @rejecting
         def parse_lines(idx: list[int]) -> pa.Table:

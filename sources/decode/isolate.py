@@ -1,8 +1,8 @@
 """Isolation of bad records: which records of a set that fails to parse together are bad.
 
 Both readers parse records in bulk, many with one vectorised pyarrow call (Kafka values in
-:mod:`sources.decode.formats`, lines of a file in :mod:`sources.files.parse`, the values of a
-column in :mod:`sources.files.convert`), and one bad record fails the whole call. This module is
+:mod:`reclock.sources.decode.formats`, lines of a file in :mod:`reclock.sources.files.parse`, the values of a
+column in :mod:`reclock.sources.files.convert`), and one bad record fails the whole call. This module is
 the one routine that then narrows the failure down to the bad records. Exactly-once accounting of
 bad data rests on it: every record ends in its output or in ``_errors`` with its coordinates,
 never both and never neither.
@@ -87,7 +87,7 @@ def isolate(
 ) -> None:
     """Sort ``candidates`` into accepted sets and faults (see the module's contract).
 
-    ``screen`` is a cheap guess per record whether it parses (see :mod:`sources.decode.screening`);
+    ``screen`` is a cheap guess per record whether it parses (see :mod:`reclock.sources.decode.screening`);
     it only steers the work, every verdict still comes from ``parse``.
     """
     # Step 1: all at once. A clean set, the common case, costs one parse.

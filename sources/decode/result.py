@@ -1,7 +1,7 @@
 """What a decoder returns: the rows that decoded, and a fault for every value that did not.
 
 Every input index is in exactly one of :attr:`Decoded.good` and :attr:`Decoded.errors`, so a bad
-value never vanishes: the reader turns its fault into an :data:`~sources.base.ERRORS` row with
+value never vanishes: the reader turns its fault into an :data:`~reclock.sources.base.ERRORS` row with
 the value's coordinates.
 """
 
@@ -25,7 +25,7 @@ NO_ROWS = np.zeros(0, dtype=np.int64)
 
 
 class Decoded(NamedTuple):
-    """Result of :meth:`~sources.decode.Decoder.decode`: ``batch`` row ``i`` is input value ``good[i]``."""
+    """Result of :meth:`~reclock.sources.decode.Decoder.decode`: ``batch`` row ``i`` is input value ``good[i]``."""
 
     batch: pa.RecordBatch
     good: np.ndarray

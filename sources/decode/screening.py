@@ -1,6 +1,6 @@
 """Screening: a cheap Python guess, value by value, whether pyarrow will accept a JSON or CSV value.
 
-Used by :func:`~sources.decode.isolate.isolate` when many pieces of a batch fail to parse
+Used by :func:`~reclock.sources.decode.isolate.isolate` when many pieces of a batch fail to parse
 (systematically bad data): the values the screen doubts are parsed alone, so that the rest parses
 in bulk again instead of being bisected. A screen checks syntax and the kind of each field; it
 only steers the work. A wrong guess costs time, never correctness: every verdict comes from

@@ -1,7 +1,7 @@
 """Unknown fields: what a value carries beyond its output's columns, kept for schema evolution.
 
 A decoder asked to keep them (``Decoder.unknown_fields``) adds one string column,
-:data:`~reclock.time.UNKNOWN_FIELDS`, to its batch: per decoded value, the fields its output's
+:data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`, to its batch: per decoded value, the fields its output's
 schema does not have, as one JSON object, or null when there are none (and for a tombstone).
 The runtime then adds them as columns, rescues them, or stops, as the output's policy says
 (:mod:`reclock.persist.evolution`). Which fields are "unknown" depends on the value alone, so a
@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.sources.decode.result import Decoded
-from reclock.time import UNKNOWN_FIELDS
+from reclock.timeline.frontier import UNKNOWN_FIELDS
 
 __all__ = ["UNKNOWN_FIELD", "unknown_column", "with_unknown_json"]
 

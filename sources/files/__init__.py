@@ -27,7 +27,7 @@ Definitions, and why each matters to exactly-once ingestion:
 * **Incremental discovery.** A probe reads a directory again only when it changed, and
   examines only files not bound yet (the next batch's pick among them) and new ones; a file bound
   in its current generation is never examined again by the probe (see
-  :mod:`~sources.files.discovery`). An idle probe's cost does not grow with the files loaded.
+  :mod:`~reclock.sources.files.discovery`). An idle probe's cost does not grow with the files loaded.
 * **Read-only, immutable.** Source files are opened read-only and never modified, moved or
   deleted. A file is final once bound: a file whose size grows after it was bound is not read
   again, and the probe does not even look at it (only a drop re-ingests it, whole, as a new
@@ -48,10 +48,10 @@ unknown fields are ignored, missing ones are null. Text for a ``timestamp`` is I
 offset converts to UTC, none means UTC), for a ``date`` ``YYYY-MM-DD``. Blank lines (and
 whitespace-only JSON lines) are not records.
 
-A record that fails to parse or convert goes to :data:`~sources.base.ERRORS` (kind ``parse``, or
+A record that fails to parse or convert goes to :data:`~reclock.sources.base.ERRORS` (kind ``parse``, or
 ``convert`` for a Parquet value that does not fit its column) with its byte offset or row index,
 its 1-based line number (row index for Parquet) in the message, and its raw bytes (at most
-1 MiB); with ``on_record_error="fail"`` the first one raises :class:`~sources.base.RecordError`
+1 MiB); with ``on_record_error="fail"`` the first one raises :class:`~reclock.sources.base.RecordError`
 instead. A file that cannot be read at all (corrupt Parquet, permissions, a CSV record over
 64 MiB) raises a plain exception: the runtime retries, then skips the file or stops the batch. A
 Parquet file whose footer cannot be read is listed with upper 1, so that it reaches
@@ -59,25 +59,25 @@ Parquet file whose footer cannot be read is listed with upper 1, so that it reac
 
 The stages, one module each:
 
-* :mod:`~sources.files.config`: the options, checked at definition; formats and column types.
-* :mod:`~sources.files.store`: where the files are (a folder or an S3 prefix): listing and opening.
-* :mod:`~sources.files.listing`: which files are read and which not, and the generations file.
-* :mod:`~sources.files.decompress`: ``.gz`` and ``.zst`` files, each read whole, at offset 0.
-* :mod:`~sources.files.discovery`: incremental listing: which files a probe looks at.
-* :mod:`~sources.files.probe`: the probe (uppers) and the cap (which new files the next batch binds).
-* :mod:`~sources.files.source`: :class:`FilesSource`, the driver's side, one split per file.
-* :mod:`~sources.files.reader`: a split read in a Spark task, into output and ``_errors`` batches.
-* :mod:`~sources.files.group`: a task's files read as one stream, landed as one file per output.
-* :mod:`~sources.files.blocks`: bytes cut into records, following CSV quoting, in bounded memory.
-* :mod:`~sources.files.parse`: records parsed in bulk; bad ones isolated by the decoding engine
-  (:mod:`sources.decode.isolate`).
-* :mod:`~sources.files.convert`: values converted to the declared column types.
-* :mod:`~sources.files.parquet`: footers, the first file's schema, rows cast to the columns.
+* :mod:`~reclock.sources.files.config`: the options, checked at definition; formats and column types.
+* :mod:`~reclock.sources.files.store`: where the files are (a folder or an S3 prefix): listing and opening.
+* :mod:`~reclock.sources.files.listing`: which files are read and which not, and the generations file.
+* :mod:`~reclock.sources.files.decompress`: ``.gz`` and ``.zst`` files, each read whole, at offset 0.
+* :mod:`~reclock.sources.files.discovery`: incremental listing: which files a probe looks at.
+* :mod:`~reclock.sources.files.probe`: the probe (uppers) and the cap (which new files the next batch binds).
+* :mod:`~reclock.sources.files.source`: :class:`FilesSource`, the driver's side, one split per file.
+* :mod:`~reclock.sources.files.reader`: a split read in a Spark task, into output and ``_errors`` batches.
+* :mod:`~reclock.sources.files.group`: a task's files read as one stream, landed as one file per output.
+* :mod:`~reclock.sources.files.blocks`: bytes cut into records, following CSV quoting, in bounded memory.
+* :mod:`~reclock.sources.files.parse`: records parsed in bulk; bad ones isolated by the decoding engine
+  (:mod:`reclock.sources.decode.isolate`).
+* :mod:`~reclock.sources.files.convert`: values converted to the declared column types.
+* :mod:`~reclock.sources.files.parquet`: footers, the first file's schema, rows cast to the columns.
 
 A file is bound whole, but an uncompressed JSON lines file (or a CSV file, with
 ``csv_multiline=False``) larger than ``split_bytes`` is read by several splits: a record belongs
 to the split its first byte is in (see :meth:`FilesSource.splits`). A compressed file's upper is
-its compressed size and its records all have offset 0 (see :mod:`~sources.files.decompress`).
+its compressed size and its records all have offset 0 (see :mod:`~reclock.sources.files.decompress`).
 """
 
 from reclock.sources.files.listing import ListedFile

@@ -5,7 +5,7 @@ column is a ``string``; an empty field is null, except in ``string`` columns whe
 (``bool`` takes ``true``/``false``/``1``/``0`` in any case). Text for a ``timestamp`` is ISO 8601
 (a zone offset converts to UTC, none means UTC), for a ``date`` ``YYYY-MM-DD``. A value that does
 not convert is a bad record of its own: its verdict never depends on the other values of its
-column, which :func:`convert_all` finds by isolation (:mod:`sources.decode.isolate`).
+column, which :func:`convert_all` finds by isolation (:mod:`reclock.sources.decode.isolate`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Discovery: incremental listing, so that a probe's cost does not grow with the files already loaded.
 
-A full listing (:func:`~sources.files.listing.scan`) stats every file under the directory, and
+A full listing (:func:`~reclock.sources.files.listing.scan`) stats every file under the directory, and
 the probe ran one before every batch: with 5,000 files loaded, an idle pipeline probing every
 0.1 s used 70% of a core (issue 13). Discovery keeps what it learned between probes, in two
 layers that a store other than a local disk can replace one at a time:
@@ -72,7 +72,7 @@ class Names(Protocol):
         ...
 
     def examine(self, path: str, relative: str, fmt: FileFormat) -> Listed | str | None:
-        """The file at ``path`` now (see :func:`~sources.files.listing.examine`)."""
+        """The file at ``path`` now (see :func:`~reclock.sources.files.listing.examine`)."""
         ...
 
 
@@ -97,7 +97,7 @@ class _Dir:
 class LocalNames:
     """Names under a local directory, or matching a glob under its fixed directory.
 
-    The same candidates as :func:`~sources.files.listing.scan`: hidden names are never listed;
+    The same candidates as :func:`~reclock.sources.files.listing.scan`: hidden names are never listed;
     a directory searches its tree without entering linked directories (as ``os.walk``); a glob
     (``**`` allowed) enters them (as ``glob``), but never one that leads back to a directory on
     its own way down.

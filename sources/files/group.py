@@ -6,9 +6,9 @@ at a time paid, per file, a parse call, a batch, a stamp and a parquet file of i
 (issue 13). :func:`read_group` reads the records of every file of a task, then parses them in
 bulk: the records of many files are laid end to end in one buffer, each keeping its own
 partition, byte offset and line number, and parsed by one call per 65,536 records; the data plane
-(:func:`~reclock.dataplane.run_group`) then writes one parquet file per output for the task.
+(:func:`~reclock.runtime.dataplane.run_group`) then writes one parquet file per output for the task.
 
-Exactly the records and verdicts of :meth:`FileReader.read <sources.files.reader.FileReader.read>`
+Exactly the records and verdicts of :meth:`FileReader.read <reclock.sources.files.reader.FileReader.read>`
 split by split, in the same order:
 
 * a file's records are taken from the reader's own blocks (:meth:`FileReader.records`), so the
@@ -17,7 +17,7 @@ split by split, in the same order:
   line has none), so no record runs into the next file's first;
 * a CSV record whose quoted field is still open at the end of its file (it runs to the end of the
   file) is parsed with nothing after it: the buffer is parsed before the next file's records;
-* whether a record is good never depends on its neighbours (:mod:`sources.decode.isolate`), so
+* whether a record is good never depends on its neighbours (:mod:`reclock.sources.decode.isolate`), so
   laying other files' records beside it changes no verdict.
 
 A file that cannot be read raises, and the data plane then reads the task's files one by one to
@@ -37,7 +37,7 @@ from reclock.sources.decode.isolate import PIECE
 from reclock.sources.files.blocks import Records, record_pattern
 from reclock.sources.files.parse import RecordParser
 from reclock.sources.files.reader import PARSE, FileReader, FileSplit
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 
 __all__ = ["read_group"]
 

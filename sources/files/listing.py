@@ -25,7 +25,7 @@ from typing import BinaryIO
 
 from reclock.sources.files.config import FileFormat
 from reclock.sources.files.decompress import inner_name
-from reclock.time import Partition
+from reclock.timeline.frontier import Partition
 
 __all__ = [
     "Listed",
@@ -51,7 +51,7 @@ _EXTENSIONS: Mapping[str, FileFormat] = {
 
 @dataclass(frozen=True)
 class ListedFile:
-    """One candidate file as the source sees it now (see :meth:`~sources.files.FilesSource.listing`).
+    """One candidate file as the source sees it now (see :meth:`~reclock.sources.files.FilesSource.listing`).
 
     ``path`` is relative with ``/`` separators, ``generation`` its current one; ``upper`` is in
     bytes (rows for Parquet), 0 for an ignored file; ``ignored`` says why the source never reads
@@ -85,7 +85,7 @@ def format_of(path: str, fixed: FileFormat | None) -> FileFormat | None:
     """The format ``path`` is read in: ``fixed`` if set, else by extension (``None``: not read).
 
     A compressed file (``.gz``, ``.zst``) goes by the extension inside (``a.csv.gz`` is CSV); a
-    compressed Parquet file is never read (see :mod:`~sources.files.decompress`).
+    compressed Parquet file is never read (see :mod:`~reclock.sources.files.decompress`).
     """
     inner = inner_name(path)
     fmt = fixed or _EXTENSIONS.get(os.path.splitext(inner)[1].lower())

@@ -2,7 +2,7 @@
 
 A Parquet file's offsets are row indices and its upper is its row count from the footer, so
 probing reads no data. Reading casts each declared column (one the file lacks is all null); a
-value that does not fit its column (``convert``, see :mod:`sources.files.convert`) makes its row
+value that does not fit its column (``convert``, see :mod:`reclock.sources.files.convert`) makes its row
 bad, alone. A file whose row count is not the one it was bound with was replaced after it was
 bound and cannot be replayed: its read raises.
 """

@@ -1,13 +1,13 @@
 """Parsing: the records of a block into typed columns, and a problem for every record that fails.
 
 A CSV record is positional (a header line is skipped by the reader without being interpreted),
-parsed by pyarrow into raw fields and converted column by column (:mod:`sources.files.convert`),
+parsed by pyarrow into raw fields and converted column by column (:mod:`reclock.sources.files.convert`),
 so a record with the wrong number of fields or a value that does not convert is found without
 parsing again. A JSON lines record is one object per line, typed by pyarrow's JSON reader (an
 ``int64`` column rejects ``1.5`` and ``"1"``); unknown fields are ignored, missing ones are null,
 and whitespace-only lines are not records. Up to a batch of records is parsed by one pyarrow
 call over their contiguous bytes; when that call fails, the bad records are isolated with the
-decoding engine's one routine (:mod:`sources.decode.isolate`). Whether a record is good never
+decoding engine's one routine (:mod:`reclock.sources.decode.isolate`). Whether a record is good never
 depends on its neighbours or on where a block was cut.
 """
 
@@ -43,7 +43,7 @@ class RecordParser:
     """How one source parses its CSV and JSON lines records: a picklable value for Spark tasks.
 
     ``schema`` holds the declared columns; with ``fail`` (``on_record_error="fail"``) the first
-    bad record raises :class:`~sources.base.RecordError` instead of being reported.
+    bad record raises :class:`~reclock.sources.base.RecordError` instead of being reported.
     """
 
     schema: pa.Schema

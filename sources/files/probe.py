@@ -14,7 +14,7 @@ Invariants the pipeline relies on:
 * The cap binds only *new* files (listed now in their current generation, never bound), whole,
   oldest first in discovery order (modification time, then relative path, then generation).
 * A file the cap sees bound in its current generation is retired: no probe examines it again
-  (:mod:`~sources.files.discovery`) unless a drop gives it a new generation. Its partition stays
+  (:mod:`~reclock.sources.files.discovery`) unless a drop gives it a new generation. Its partition stays
   in the probe at the upper last seen.
 """
 
@@ -29,7 +29,7 @@ from reclock.sources.files.discovery import Discovery, Poll
 from reclock.sources.files.listing import Listed, absolute, unpack
 from reclock.sources.files.parquet import footer_rows
 from reclock.sources.files.store import FileStore
-from reclock.time import Frontier, Partition
+from reclock.timeline.frontier import Frontier, Partition
 
 __all__ = ["Probe", "settling"]
 
@@ -47,7 +47,7 @@ def settling(f: Listed, now_ms: int, settle_seconds: float) -> bool:
 class Probe:
     """What the driver remembers between probes of one source; never pickled to a task.
 
-    Incremental (see :mod:`~sources.files.discovery`): a probe examines only the files not yet
+    Incremental (see :mod:`~reclock.sources.files.discovery`): a probe examines only the files not yet
     bound, and a file the cap sees bound in its current generation is retired from examination;
     the frontier of everything seen is kept, and rebuilt only when a probe changed it. So an idle
     probe's cost does not grow with the files already loaded.

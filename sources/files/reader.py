@@ -3,10 +3,10 @@
 :meth:`FileReader.read` is a pure function of the split and of the file's first ``split.end``
 bytes (rows for Parquet), so a replayed batch reads the very same records. Batches hold at most
 65,536 rows, in file order, each starting with ``_partition`` and ``_offset``. A record that
-fails to parse or convert goes to :data:`~sources.base.ERRORS` (kind :data:`PARSE`, or
+fails to parse or convert goes to :data:`~reclock.sources.base.ERRORS` (kind :data:`PARSE`, or
 :data:`CONVERT` for a Parquet value that does not fit its column) with its byte offset or row
 index, its 1-based line number (row index for Parquet) in the message, and its raw bytes (at most
-1 MiB); with ``on_record_error="fail"`` the first one raises :class:`~sources.base.RecordError`
+1 MiB); with ``on_record_error="fail"`` the first one raises :class:`~reclock.sources.base.RecordError`
 instead. A file that cannot be read at all raises a plain exception: the runtime retries, then
 skips the file or stops the batch.
 """
@@ -30,7 +30,7 @@ from reclock.sources.files.decompress import compression_of, decompressed
 from reclock.sources.files.parquet import read_rows, row_json
 from reclock.sources.files.parse import RecordParser
 from reclock.sources.files.store import FileStore
-from reclock.time import UNKNOWN_FIELDS, encode_partition
+from reclock.timeline.frontier import UNKNOWN_FIELDS, encode_partition
 
 __all__ = ["CONVERT", "PARSE", "FileReader", "FileSplit"]
 
@@ -45,7 +45,7 @@ _BATCH_ROWS = 65_536
 _READ_BYTES = 8 << 20
 #: A CSV record (or JSON line) longer than this makes the file unreadable: memory stays bounded.
 _MAX_RECORD_BYTES = 64 << 20
-#: Records per piece when a batch's bad records are isolated (see sources.decode.isolate).
+#: Records per piece when a batch's bad records are isolated (see reclock.sources.decode.isolate).
 _PIECE = PIECE
 #: Raw bytes kept of a bad record in the errors table.
 _MAX_RAW = 1 << 20
@@ -79,7 +79,7 @@ class FileReader:
     store: FileStore
     #: Whether a quoted CSV field may hold a line end (then a CSV file is never cut into pieces).
     csv_multiline: bool = True
-    #: Hand each record's undeclared fields on as :data:`~reclock.time.UNKNOWN_FIELDS` (JSON lines'
+    #: Hand each record's undeclared fields on as :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS` (JSON lines'
     #: other keys, the columns a CSV header names after the declared ones): schema evolution.
     unknown_fields: bool = False
     _parser: RecordParser = field(init=False, repr=False, compare=False)
@@ -103,7 +103,7 @@ class FileReader:
             yield from self._read_lines(split, relative, encoded)
 
     def groupable(self, split: FileSplit) -> bool:
-        """Whether :mod:`~sources.files.group` may read ``split`` beside other files: a whole file,
+        """Whether :mod:`~reclock.sources.files.group` may read ``split`` beside other files: a whole file,
         not compressed, without schema evolution (those are read by :meth:`read`, file by file)."""
         whole = split.start == 0 and split.end == split.size
         return whole and compression_of(split.path) is None and not self.unknown_fields
@@ -141,7 +141,7 @@ class FileReader:
         A piece (``start > 0``) starts at the first line start at or after ``start`` and keeps
         the records starting before ``end``: each record belongs to exactly one piece. A
         compressed file is read whole and its records carry offset 0 (see
-        :mod:`~sources.files.decompress`).
+        :mod:`~reclock.sources.files.decompress`).
         """
         is_csv = split.format == "csv"
         header = is_csv and self.csv_header and split.start == 0

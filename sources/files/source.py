@@ -1,9 +1,9 @@
 """The files source: the driver's side of a directory of files, and the contract it keeps.
 
-:class:`FilesSource` validates its options (:mod:`~sources.files.config`), lists the directory
-(:mod:`~sources.files.listing`), probes and caps (:mod:`~sources.files.probe`), cuts one split
-per file, and hands each split to a :class:`~sources.files.reader.FileReader` in a Spark task.
-The definitions it keeps are in :mod:`sources.files`.
+:class:`FilesSource` validates its options (:mod:`~reclock.sources.files.config`), lists the directory
+(:mod:`~reclock.sources.files.listing`), probes and caps (:mod:`~reclock.sources.files.probe`), cuts one split
+per file, and hands each split to a :class:`~reclock.sources.files.reader.FileReader` in a Spark task.
+The definitions it keeps are in :mod:`reclock.sources.files`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from reclock.sources.files.parquet import first_schema
 from reclock.sources.files.probe import Probe, settling
 from reclock.sources.files.reader import FileReader, FileSplit
 from reclock.sources.files.store import FileStore
-from reclock.time import Frontier, Partition
+from reclock.timeline.frontier import Frontier, Partition
 
 __all__ = ["FilesSource"]
 
@@ -87,14 +87,14 @@ class FilesSource(SourceBase):
         file's format follows its extension (``.csv``; ``.jsonl``, ``.json``, ``.ndjson``;
         ``.parquet``, case-insensitive) and other files are ignored; with it, every listed file
         is read in that format. ``columns`` maps column names to type names (see
-        :data:`~sources.files.config.COLUMN_TYPES`); only ``format="parquet"`` may leave it out, and then the schema is
-        read from the first Parquet file (in discovery order) now. A symbolic link is followed
-        when its target is inside the directory (or ``follow_links_outside`` is set); otherwise
-        the file is listed as ignored (see :meth:`listing`), never read.
+        :data:`~reclock.sources.files.config.COLUMN_TYPES`); only ``format="parquet"`` may leave it
+        out, and then the schema is read from the first Parquet file (in discovery order) now. A
+        symbolic link is followed when its target is inside the directory (or
+        ``follow_links_outside`` is set); otherwise the file is listed as ignored (see :meth:`listing`), never read.
 
         ``path`` may be ``s3://bucket/prefix`` (or a glob under it), reached with
-        ``storage_options`` over the ``AWS_*`` environment (see :mod:`~sources.files.store`).
-        ``.gz`` and ``.zst`` files are decompressed (see :mod:`~sources.files.decompress`). An
+        ``storage_options`` over the ``AWS_*`` environment (see :mod:`~reclock.sources.files.store`).
+        ``.gz`` and ``.zst`` files are decompressed (see :mod:`~reclock.sources.files.decompress`). An
         uncompressed JSON lines file larger than ``split_bytes`` (0: never) is read by several
         tasks, a piece of about ``split_bytes`` each; a CSV file too, when ``csv_multiline`` is
         false (no quoted field holds a line end, so every line end ends a record).
@@ -225,7 +225,7 @@ class FilesSource(SourceBase):
         Called on the driver before each batch. Re-reads the generations file every time (the
         runtime rewrites it when a file is dropped). A file modified less than ``settle_seconds``
         ago is left out, as it may still be being written; it shows in a later probe. Incremental
-        (:mod:`~sources.files.discovery`): only new files and files not bound yet are examined
+        (:mod:`~reclock.sources.files.discovery`): only new files and files not bound yet are examined
         (a backlog a window at a time), so a bound file keeps the upper it was last seen at.
 
         Never below the bound frontier, which the pipeline checks: the older generations of a
@@ -296,12 +296,12 @@ class FilesSource(SourceBase):
         Batches hold at most 65,536 rows, in file order, each starting with ``_partition`` and
         ``_offset``. Replayable: the same split yields the same batches as long as the file's
         first ``split.size`` bytes (Parquet: its rows) are unchanged. A piece reads the records
-        that start in ``[split.start, split.end)``. See :mod:`sources.files.reader`.
+        that start in ``[split.start, split.end)``. See :mod:`reclock.sources.files.reader`.
         """
         yield from self._reader.read(self._checked(split))
 
     def read_group(self, splits: Sequence[Split]) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """Read a task's files as one stream (see :mod:`sources.files.group`): the same rows and
+        """Read a task's files as one stream (see :mod:`reclock.sources.files.group`): the same rows and
         ``_errors`` rows as :meth:`read` file by file, in batches that span files, so a task of
         many small files costs one parse per 65,536 records and one parquet file per output.
         Pieces of large files, compressed files and schema evolution are read file by file."""
@@ -352,7 +352,8 @@ class FilesSource(SourceBase):
         return self._scan()[0]
 
     def _scan(self) -> tuple[list[Listed], list[tuple[str, str]]]:
-        """The files read now and the candidates never read, with why (see :func:`~sources.files.listing.scan`)."""
+        """The files read now and the candidates never read, with why (see
+        :func:`~reclock.sources.files.listing.scan`)."""
         return self.store.scan(
             self.pattern,
             fixed=self.format,

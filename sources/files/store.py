@@ -4,8 +4,8 @@ A :class:`FileStore` lists the files under its root (relative path, size, modifi
 opens one for reading; everything above it (probe, cap, splits, reader) is the same for both.
 It is a plain, picklable value, so a Spark task opens the very file the driver listed.
 
-* **Local** (``/data/in``, a glob under it): :func:`~sources.files.listing.scan`, with its rules
-  for links, FIFOs and devices; files are opened by :func:`~sources.files.listing.open_regular`.
+* **Local** (``/data/in``, a glob under it): :func:`~reclock.sources.files.listing.scan`, with its rules
+  for links, FIFOs and devices; files are opened by :func:`~reclock.sources.files.listing.open_regular`.
 * **S3** (``s3://bucket/prefix``, or a glob such as ``s3://bucket/in/**/*.csv``): one listing of
   every object under the prefix (pyarrow pages through ``ListObjectsV2`` for it, a thousand keys a
   request), objects whose relative path has a part starting with ``.`` left out as hidden files
@@ -95,7 +95,7 @@ class FileStore:
         self, pattern: str | None, *, fixed: FileFormat | None, skip: str | None, follow_links_outside: bool
     ) -> tuple[list[Listed], list[tuple[str, str]]]:
         """The files read now, in discovery order (mtime, then relative path), and the
-        candidates never read with why (see :func:`~sources.files.listing.scan`)."""
+        candidates never read with why (see :func:`~reclock.sources.files.listing.scan`)."""
         if not self.remote:
             return scan(self.root, pattern, fixed=fixed, skip=skip, follow_links_outside=follow_links_outside)
         location = self.root.removeprefix("s3://")

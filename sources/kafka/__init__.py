@@ -3,31 +3,31 @@
 A partition id is ``(topic, partition)`` and an offset is Kafka's own, so a :class:`Frontier` of
 this source says, per partition, the first offset not yet complete. Each topic routes to one
 output (by default an output named after the topic); a record becomes a row of that output with
-``_partition`` / ``_offset`` lineage, or a row of :data:`~sources.base.ERRORS`.
+``_partition`` / ``_offset`` lineage, or a row of :data:`~reclock.sources.base.ERRORS`.
 
 The stages, in the design's words, one module each:
 
-* **options and routing** (:mod:`~sources.kafka.config`): every option checked in the constructor;
+* **options and routing** (:mod:`~reclock.sources.kafka.config`): every option checked in the constructor;
   which output each topic feeds and how its records decode.
-* **clients** (:mod:`~sources.kafka.clients`): how each kafka-python consumer is configured, and
+* **clients** (:mod:`~reclock.sources.kafka.clients`): how each kafka-python consumer is configured, and
   the driver's long-lived ones. ``client_settings`` (SASL, SSL, timeouts) are passed through to
   every client and never logged or shown in ``repr``.
-* **probe** (:mod:`~sources.kafka.probe`, :meth:`KafkaSource.upper`, driver): the fetch-response
+* **probe** (:mod:`~reclock.sources.kafka.probe`, :meth:`KafkaSource.upper`, driver): the fetch-response
   high watermark of every partition, never regressing; discovery of topics and partitions; start
   positions.
-* **split** (:mod:`~sources.kafka.splits`, :meth:`KafkaSource.splits`, driver): ``[max(lower,
+* **split** (:mod:`~reclock.sources.kafka.splits`, :meth:`KafkaSource.splits`, driver): ``[max(lower,
   start position), upper)`` per partition, cut at ``max_split_offsets``; offsets lost to retention.
-* **fetch** (:mod:`~sources.kafka.fetcher`, Spark task): every partition of a task's splits in
+* **fetch** (:mod:`~reclock.sources.kafka.fetcher`, Spark task): every partition of a task's splits in
   shared fetch requests, on a client pooled per process; record batches parsed into columns by
-  :mod:`~sources.kafka.batches`.
-* **read** (:mod:`~sources.kafka.reader`, :meth:`KafkaSource.read_group`, Spark task): exactly
+  :mod:`~reclock.sources.kafka.batches`.
+* **read** (:mod:`~reclock.sources.kafka.reader`, :meth:`KafkaSource.read_group`, Spark task): exactly
   ``[start, end)`` of each split, a route's records pending across partitions and shaped
-  (:mod:`~sources.kafka.shaping`) into output and errors batches of at most
+  (:mod:`~reclock.sources.kafka.decoding`) into output and errors batches of at most
   :attr:`KafkaSource.flush_rows` rows.
-* **commit** (:mod:`~sources.kafka.committer`, :meth:`KafkaSource.commit`, driver): the resume
+* **commit** (:mod:`~reclock.sources.kafka.committer`, :meth:`KafkaSource.commit`, driver): the resume
   frontier goes to the consumer group ``group_id``; advisory.
 
-:class:`KafkaSource` (:mod:`~sources.kafka.source`) wires them into the source protocol.
+:class:`KafkaSource` (:mod:`~reclock.sources.kafka.source`) wires them into the source protocol.
 
 Known limits: reads are ``read_uncommitted`` (``isolation_level`` is reserved: the probe's high
 watermark is not the last stable offset), so records of aborted transactions are ingested;

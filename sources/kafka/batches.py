@@ -1,5 +1,5 @@
 """Record batches to columns: one fetched partition's bytes parsed into NumPy arrays and
-:class:`~sources.decode.values.Values`, without a Python object per record.
+:class:`~reclock.sources.decode.values.Values`, without a Python object per record.
 
 kafka-python's record classes build a Python object per record (~15 us each here, 72% of a
 worker's CPU in the issue 14 profile); librdkafka builds a ``Message`` per record too. A fetch

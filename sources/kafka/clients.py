@@ -12,7 +12,7 @@ Which client serves what, and why:
 * each **probe** gets a fresh consumer: kafka-python keeps buffered and in-flight fetch
   responses across ``unsubscribe``/``assign``, so a reused one can answer with an earlier
   probe's high watermark;
-* **reads** borrow a client from a per-process pool (:func:`~sources.kafka.fetcher.lease`): the
+* **reads** borrow a client from a per-process pool (:func:`~reclock.sources.kafka.fetcher.lease`): the
   fetcher sends its own fetch requests on the client's connections and never assigns it, so
   nothing of an earlier read can leak into a later one;
 * low watermarks and timestamp lookups share one long-lived **probe client** on the driver, and
@@ -131,7 +131,7 @@ class KafkaClients:
             raise
 
     def for_fetch(self, deadline: float) -> Any:
-        """A client for the fetcher (:mod:`sources.kafka.fetcher`): never assigned, it only lends
+        """A client for the fetcher (:mod:`reclock.sources.kafka.fetcher`): never assigned, it only lends
         its connections; responses may carry 8 MiB per partition, 64 MiB in all."""
         return self.consumer(deadline=deadline, max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from reclock.errors import describe
 from reclock.sources.kafka.clients import KafkaClients
-from reclock.time import Frontier, Partition
+from reclock.timeline.frontier import Frontier, Partition
 
 __all__ = ["commit_offsets"]
 

@@ -1,6 +1,6 @@
 """Options of the Kafka source: their checks and the routing of topics to outputs.
 
-Everything here runs once, in :class:`~sources.kafka.KafkaSource`'s constructor, so a bad option
+Everything here runs once, in :class:`~reclock.sources.kafka.KafkaSource`'s constructor, so a bad option
 is a :class:`~reclock.errors.ConfigError` naming the option before any broker is contacted. The
 result is immutable: a :class:`Routing` (which topics the source reads and the :class:`KafkaRoute`
 each one feeds) that the probe, the splits and the reader consult.
@@ -24,7 +24,7 @@ import pyarrow as pa
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
 from reclock.sources.decode import Decoder, as_schema, make_decoder
-from reclock.time import Partition, decode_partition, encode_partition, reread_of
+from reclock.timeline.frontier import Partition, decode_partition, encode_partition, reread_of
 
 __all__ = [
     "METADATA_COLUMNS",

@@ -7,14 +7,14 @@ a task's :class:`Fetcher` holds every split of the task at once:
 
 * one ``FetchRequest`` per leader asks for every partition the task still needs (up to
   ``max_partition_bytes`` each), so a thousand small partitions cost a few round trips;
-* the response's record bytes go to :func:`~sources.kafka.batches.parse` as they are: no
+* the response's record bytes go to :func:`~reclock.sources.kafka.batches.parse` as they are: no
   per-record object, CRC-32C checked per batch;
 * partitions fetched ahead of the split being read wait in a buffer capped at
   ``buffer_bytes``; a partition whose buffer is full is not asked for until it drains;
 * the client comes from a per-process pool (:func:`lease`): a Spark Python worker serves many
   tasks and keeps its connections, as Spark's own Kafka source caches its consumers.
 
-The client is a ``KafkaConsumer`` built by :class:`~sources.kafka.clients.KafkaClients` (so
+The client is a ``KafkaConsumer`` built by :class:`~reclock.sources.kafka.clients.KafkaClients` (so
 SASL, SSL and every user setting apply), never assigned: its fetcher stays idle, and the requests
 are sent on its connection manager. That manager is kafka-python's (``_client``); the version
 range in ``pyproject.toml`` pins the API, and ``tests/unit/test_kafka_fetcher.py`` fails loudly
@@ -93,7 +93,7 @@ class _Want:
     def ask_bytes(self, most: int) -> int:
         """Enough bytes for the rest of the range, and no more: a short read must not fetch a whole
         8 MiB response (a broker still sends one whole batch if it is larger; some brokers, Tansu
-        among them, send more, which :func:`~sources.kafka.batches.parse` then leaves unparsed)."""
+        among them, send more, which :func:`~reclock.sources.kafka.batches.parse` then leaves unparsed)."""
         return int(min(most, max(_LEAST_BYTES, (self.end - self.position) * self.bytes_per_offset * 1.1)))
 
 

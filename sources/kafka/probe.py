@@ -4,7 +4,7 @@ partition that was never read starts.
 The true end of a partition is the *high watermark carried by a Fetch response*, read with
 ``consumer.highwater(tp)`` after a poll. Never ``end_offsets()``: ``ListOffsets(LATEST)`` is
 wrong on the Tansu test broker (it answers the last batch's base offset + 1). Every probe uses a
-fresh consumer (see :mod:`sources.kafka.clients`), seeks each partition to its last known end
+fresh consumer (see :mod:`reclock.sources.kafka.clients`), seeks each partition to its last known end
 and polls until every partition has answered.
 
 Invariants of :meth:`Prober.upper`:
@@ -32,7 +32,7 @@ from reclock.errors import DefiniteSourceError, describe
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
 from reclock.sources.kafka.config import Routing
 from reclock.sources.kafka.fetcher import high_watermarks, lease
-from reclock.time import Frontier
+from reclock.timeline.frontier import Frontier
 
 __all__ = ["Prober", "low_watermarks"]
 

@@ -1,17 +1,17 @@
 """Read of the Kafka source (Spark task): one split's records, exactly ``[start, end)``, shaped
 into ``(output, Arrow batch)`` pairs.
 
-The records come from the task's :class:`~sources.kafka.fetcher.Fetcher`, which fetches every
+The records come from the task's :class:`~reclock.sources.kafka.fetcher.Fetcher`, which fetches every
 split of the task in shared requests and parses record batches into columns
-(:mod:`sources.kafka.batches`); a split read on its own gets a fetcher of its own. The read stops
+(:mod:`reclock.sources.kafka.batches`); a split read on its own gets a fetcher of its own. The read stops
 on the fetch *position* reaching ``end``: transaction markers and compaction gaps take offsets
 but hold no record, so counting records would never finish. Records outside ``[start, end)``
 (fetches return whole batches) are cut off by offset, so a split always yields the same records.
 If no progress is made for ``read_timeout_s`` the read raises
-:class:`~sources.kafka.clients.SourceTimeout` (retryable) instead of hanging.
+:class:`~reclock.sources.kafka.clients.SourceTimeout` (retryable) instead of hanging.
 
 A task reads its splits as one stream (:func:`read_splits`): the records of one route wait in
-a :class:`~sources.kafka.shaping.Pending` across partitions and are shaped ``flush_rows`` at a
+a :class:`~reclock.sources.kafka.decoding.Pending` across partitions and are shaped ``flush_rows`` at a
 time, so a thousand partitions of a hundred records cost a few decodes, not a thousand.
 Offsets deleted before they were read become one errors row (kind :data:`OFFSET_LOST`) unless
 the source's ``on_offset_lost`` says ``fail``.
@@ -31,10 +31,10 @@ from reclock.sources.base import ERRORS, Split, error_batch
 from reclock.sources.kafka.batches import Fetched
 from reclock.sources.kafka.clients import KafkaClients, close_client
 from reclock.sources.kafka.config import KafkaRoute, Policy, Routing
+from reclock.sources.kafka.decoding import Pending
 from reclock.sources.kafka.fetcher import Fetcher, OffsetLost, lease
 from reclock.sources.kafka.probe import low_watermarks
-from reclock.sources.kafka.shaping import Pending
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 
 __all__ = ["OFFSET_LOST", "lost_batch", "read_splits"]
 

@@ -1,11 +1,11 @@
 """The Kafka source itself: :class:`KafkaSource` checks its options and wires the stages into
-the :class:`~sources.base.Source` protocol.
+the :class:`~reclock.sources.base.Source` protocol.
 
 Each method of the protocol is one stage in its own module: ``upper`` is the probe
-(:mod:`sources.kafka.probe`), ``splits`` the cut (:mod:`sources.kafka.splits`), ``read`` the
-reader (:mod:`sources.kafka.reader`), ``commit`` the committer (:mod:`sources.kafka.committer`).
-The source owns their shared parts: the routing (:mod:`sources.kafka.config`), the clients
-(:mod:`sources.kafka.clients`) and the prober's driver-side state. It pickles without clients, so
+(:mod:`reclock.sources.kafka.probe`), ``splits`` the cut (:mod:`reclock.sources.kafka.splits`), ``read`` the
+reader (:mod:`reclock.sources.kafka.reader`), ``commit`` the committer (:mod:`reclock.sources.kafka.committer`).
+The source owns their shared parts: the routing (:mod:`reclock.sources.kafka.config`), the clients
+(:mod:`reclock.sources.kafka.clients`) and the prober's driver-side state. It pickles without clients, so
 it can travel to Spark executors, where only :meth:`KafkaSource.read` runs.
 """
 
@@ -33,17 +33,17 @@ from reclock.sources.kafka.config import (
     check_selection,
     check_start,
 )
+from reclock.sources.kafka.decoding import decode
 from reclock.sources.kafka.probe import Prober
 from reclock.sources.kafka.reader import read_splits
-from reclock.sources.kafka.shaping import shape
 from reclock.sources.kafka.splits import KafkaSplit, cut
-from reclock.time import Frontier, Partition, reread_of
+from reclock.timeline.frontier import Frontier, Partition, reread_of
 
 __all__ = ["KafkaSource"]
 
 
 class KafkaSource(SourceBase):
-    """Kafka topics as a reclock source; see :mod:`sources.kafka` for the contract.
+    """Kafka topics as a reclock source; see :mod:`reclock.sources.kafka` for the contract.
 
     Topic selection: ``topics`` (a list) or ``pattern`` (a regex matched against whole topic
     names; internal ``__*`` topics are excluded). Outputs: ``outputs`` maps an output name to its
@@ -259,10 +259,10 @@ class KafkaSource(SourceBase):
         return dict(self._low_watermarks([p for p in partitions if self._owns(p) and reread_of(p) is None]))
 
     def _shape(self, records: Fetched, encoded: str, topic: str, kpart: int) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """:func:`~sources.kafka.reader.shape` with this source's route and ``on_record_error``."""
+        """:func:`~reclock.sources.kafka.reader.shape` with this source's route and ``on_record_error``."""
         route = self._routing.route(topic)
         assert route is not None, topic
-        return shape([((topic, kpart), encoded, records)], route, fail=self.on_record_error == "fail")
+        return decode([((topic, kpart), encoded, records)], route, fail=self.on_record_error == "fail")
 
     def _start_repr(self) -> str:
         if isinstance(self.start, str):

@@ -49,7 +49,7 @@ def cut(
 ) -> list[KafkaSplit]:
     """Splits of ``todo``, ``(partition, lower offset, upper offset)`` in partition order.
 
-    ``starts`` holds :meth:`~sources.kafka.probe.Prober.start_positions` of the partitions whose
+    ``starts`` holds :meth:`~reclock.sources.kafka.probe.Prober.start_positions` of the partitions whose
     lower offset is 0 (never advanced); one missing there starts at its low watermark in ``lows``.
     """
     out: list[KafkaSplit] = []

@@ -53,7 +53,7 @@ from typing import TextIO
 
 import pyarrow.parquet as pq
 
-from reclock.broker import EmbeddedBroker
+from reclock.demo.broker import EmbeddedBroker
 from tests.faults.reader import DeltaLog, Remap, checkpoint_agrees, label_of, read_rows
 from tests.integration.helpers import reclock_cli
 from tests.integration.kafka.conftest import Producer

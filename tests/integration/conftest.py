@@ -22,7 +22,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 @pytest.fixture(scope="session")
 def spark():
-    from reclock.spark import spark_session
+    from reclock.job.spark import spark_session
 
     session = spark_session("local[2]")
     yield session

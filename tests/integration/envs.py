@@ -56,7 +56,7 @@ def pip_install(python: Path, project: Path) -> None:
 def reclock_script(python: Path) -> Path:
     """The ``reclock`` console script pip writes when it installs reclock, beside ``python``."""
     script = python.parent / "reclock"
-    script.write_text(f"#!{python}\nimport sys\n\nfrom reclock.cli import main\n\nsys.exit(main())\n")
+    script.write_text(f"#!{python}\nimport sys\n\nfrom reclock.cli.main import main\n\nsys.exit(main())\n")
     script.chmod(0o755)
     return script
 

@@ -16,7 +16,7 @@ from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.sources.generator import AUCTIONS, BIDS, PERSONS
-from reclock.time import decode_partition
+from reclock.timeline.frontier import decode_partition
 from tests.faults.reader import DeltaLog, Remap, read_rows
 
 

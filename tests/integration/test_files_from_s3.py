@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from reclock.sources.files import FilesSource
-from reclock.time import Frontier
+from reclock.timeline.frontier import Frontier
 from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
 from tests.integration.s3 import REGION, S3Server
 

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from reclock.cli import main
+from reclock.cli.main import main
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
@@ -271,8 +271,8 @@ def test_many_small_files_land_once_on_spark_one_parquet_file_per_task(tmp_path,
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    from reclock.dataplane import SparkDataPlane
-    from reclock.pipeline import Pipeline
+    from reclock.runtime.dataplane import SparkDataPlane
+    from reclock.runtime.pipeline import Pipeline
     from reclock.sources.files import FilesSource
 
     folder = tmp_path / "in"

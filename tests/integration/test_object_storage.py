@@ -25,7 +25,7 @@ from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import OutputSink, table_schema, write_data_file
-from reclock.time import Frontier, encode_partition
+from reclock.timeline.frontier import Frontier, encode_partition
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import (
     expected_generator_offsets,

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from reclock.dataplane import LocalDataPlane, SparkDataPlane
-from reclock.pipeline import Pipeline
-from reclock.shaping import Shape
+from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.shaping import Shape
 from reclock.sources.generator import BIDS, GeneratorSource
 from reclock.testing import FakeClock
 from tests.faults.reader import DeltaLog, Remap, read_rows

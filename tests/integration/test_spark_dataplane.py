@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from reclock.dataplane import LocalDataPlane, SparkDataPlane
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, read_as_of_spark, readable_upper
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
-from reclock.pipeline import Pipeline
-from reclock.settings import Settings
+from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Settings
 from reclock.sources.generator import GeneratorSource
 from reclock.testing import FakeClock
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap

@@ -17,7 +17,7 @@ from tests.integration.envs import ROOT
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 SESSION = """
-from reclock.spark import spark_session
+from reclock.job.spark import spark_session
 spark = spark_session("local[1]")
 print("rows", spark.range(3).count())
 """

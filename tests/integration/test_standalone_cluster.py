@@ -5,7 +5,7 @@ processes on 127.0.0.1. Executors run a node's Python (``executor_python``): rec
 dependencies, but neither reclock nor the plugin, which the first test proves by running a plain
 task there. The driver is a user's environment with the ``sensorlog`` plugin installed by pip
 (``plugin_python``), started through the ``reclock`` CLI as a user would; it ships both packages
-to the executors when its session starts (``reclock/spark.py``). What landed is read from outside
+to the executors when its session starts (``reclock/job/spark.py``). What landed is read from outside
 (``tests.faults.reader``), and the workers' own executor logs show that tasks ran on both.
 """
 

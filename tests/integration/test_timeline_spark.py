@@ -13,7 +13,7 @@ import pytest
 from deltalake import DeltaTable
 
 from reclock.persist.asof import read_as_of_spark
-from reclock.pipeline import Pipeline
+from reclock.runtime.pipeline import Pipeline
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 
 

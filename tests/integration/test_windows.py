@@ -23,10 +23,10 @@ import polars as pl
 import pytest
 
 from reclock.persist.lake import Lake
-from reclock.pipeline import Pipeline
-from reclock.settings import Settings
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Settings
+from reclock.runtime.windows import Window
 from reclock.testing import FakeClock, MemorySource
-from reclock.windows import Window
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import files_pipeline_config, reclock_cli, write_config, write_numbered_csvs
 from tests.integration.s3 import mirror

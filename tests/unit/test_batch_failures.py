@@ -7,11 +7,11 @@ import contextlib
 import pyarrow as pa
 import pytest
 
-from reclock.dataplane import LocalDataPlane
 from reclock.errors import TransientError
-from reclock.health import Health
-from reclock.pipeline import BatchFailed, BatchState, Pipeline
-from reclock.settings import Settings
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.health import Health
+from reclock.runtime.pipeline import BatchFailed, BatchState, Pipeline
+from reclock.runtime.settings import Settings
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from tests.unit.test_pipeline import tables
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from reclock import job
-from reclock.cli import main
+from reclock.cli.main import main
+from reclock.job import lifecycle
 from reclock.persist.lake import Lake
 from reclock.sources.base import Split
 from reclock.sources.generator import GeneratorSource
@@ -57,7 +57,7 @@ def test_a_running_batch_shows_in_progress_then_its_phases(tmp_path, capsys, mon
     (tmp_path / "p.toml").write_text(CONFIG)
     assert main(["create", "p.toml"]) == 0
     GATE.clear()
-    running = threading.Thread(target=job.run, args=(Lake.at("lake"), "orders"), daemon=True)
+    running = threading.Thread(target=lifecycle.run, args=(Lake.at("lake"), "orders"), daemon=True)
     running.start()
     try:
         deadline = time.monotonic() + 60

@@ -11,9 +11,9 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from reclock.cli import main
-from reclock.config import load_config
+from reclock.cli.main import main
 from reclock.errors import ConfigError
+from reclock.job.config import load_config
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 
 GOOD = """
@@ -147,7 +147,7 @@ def test_a_stored_definition_parses_back_to_the_same_config(tmp_path):
             ),
         )
     )
-    from reclock.config import parse_config
+    from reclock.job.config import parse_config
 
     assert parse_config(config.to_dict()) == config
     assert config.metrics_port == 9464 and not config.settings.stop_on_error
@@ -173,7 +173,7 @@ def test_drop_file_refuses_a_pipeline_that_reads_no_files(tmp_path, capsys):
 
 
 def test_small_batches_run_in_the_driver_and_large_ones_on_the_other_plane(tmp_path):
-    from reclock.dataplane import AutoDataPlane, BatchPlan
+    from reclock.runtime.dataplane import AutoDataPlane, BatchPlan
     from reclock.sources.base import Split
 
     class Recording:

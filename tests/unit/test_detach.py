@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, Field, write_deltalake
 
-from reclock.cli import main
+from reclock.cli.main import main
 from tests.faults.reader import DeltaLog, read_rows
 
 CONFIG = """

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from reclock.persist.asof import read_as_of
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
-from reclock.pipeline import Pipeline
-from reclock.settings import Settings
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Settings
 from reclock.sources.base import Output
 from reclock.testing import FakeClock, MemorySource
 

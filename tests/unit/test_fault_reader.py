@@ -2,7 +2,7 @@
 
 :mod:`tests.faults.reader` re-implements the Delta log replay and the reclock rule so that the
 crash campaign does not judge the product with the product's own code. These tests pin that the
-re-implementation is right (against deltalake and against :class:`~reclock.bindings.Bindings`),
+re-implementation is right (against deltalake and against :class:`~reclock.timeline.bindings.Bindings`),
 and that the campaign's checks flag a lost, duplicated, unexpected, altered or mis-stamped row.
 """
 
@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock.persist.remap import RemapTable
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 from tests.faults.crash import Report, _check_appended, _check_stamps, parser
 from tests.faults.reader import DeltaLog, Remap, checkpoint_agrees, label_of, read_rows
 from tests.unit.strategies import binding_lists, partitions

@@ -10,12 +10,12 @@ import pytest
 from deltalake import DeltaTable
 
 from reclock import Bindings, Frontier
-from reclock.cli import main
-from reclock.file_states import FileState, FileStatus, derive_file_states, drop_refusal, read_file_states
+from reclock.cli.main import main
+from reclock.job.file_states import FileState, FileStatus, derive_file_states, drop_refusal, read_file_states
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.remap import Skip
-from reclock.pipeline import Pipeline
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.files import FilesSource, ListedFile
 from reclock.testing import CrashAt, FakeClock, SimulatedCrash
 from tests.integration.helpers import files_pipeline_config

@@ -15,13 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock.errors import ConfigError
-from reclock.pipeline import BatchState, Pipeline
-from reclock.settings import Settings
+from reclock.runtime.pipeline import BatchState, Pipeline
+from reclock.runtime.settings import Settings
 from reclock.sources.files import FilesSource
 from reclock.sources.files.decompress import DecompressError
 from reclock.sources.files.store import glob_regex
 from reclock.testing import FakeClock
-from reclock.time import Frontier
+from reclock.timeline.frontier import Frontier
 from tests.unit.test_files_source import COLUMNS, ingest, line_starts, read_all, write
 from tests.unit.test_pipeline import tables
 

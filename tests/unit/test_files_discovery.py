@@ -21,13 +21,13 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reclock.dataplane import LocalDataPlane
 from reclock.errors import ReclockError
-from reclock.pipeline import Pipeline
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import ERRORS
 from reclock.sources.files import FilesSource, discovery
 from reclock.sources.files.discovery import RACY_MS, RELIST_MS, LocalNames
-from reclock.time import Frontier
+from reclock.timeline.frontier import Frontier
 
 COLUMNS = {"id": "int64", "name": "string"}
 HOUR_AGO = time.time() - 3600

@@ -28,7 +28,7 @@ import reclock.sources.files.reader as files
 from reclock.errors import ConfigError
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Source, Split
 from reclock.sources.files import CONVERT, PARSE, FileSplit, FilesSource
-from reclock.time import Frontier
+from reclock.timeline.frontier import Frontier
 
 COLUMNS = {"id": "int64", "name": "string"}
 UTC = dt.UTC
@@ -277,7 +277,7 @@ def test_csv_lines_that_are_not_utf8_go_to_errors_and_print_nothing(tmp_path: Pa
     data = b"\n".join(lines) + b"\n"
     write(tmp_path / "in" / "a.csv", data)
     script = (
-        "import json; from reclock.time import Frontier; from reclock.sources.files import FilesSource\n"
+        "import json; from reclock.timeline.frontier import Frontier; from reclock.sources.files import FilesSource\n"
         f"source = FilesSource(path={str(tmp_path / 'in')!r}, columns={COLUMNS!r})\n"
         "out = {}\n"
         "for split in source.splits(Frontier(), source.upper()):\n"

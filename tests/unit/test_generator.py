@@ -18,7 +18,7 @@ import reclock.sources.generator as generator
 from reclock.errors import ConfigError
 from reclock.sources.base import LINEAGE_FIELDS, Source, Split
 from reclock.sources.generator import AUCTIONS, BASE_EPOCH_MS, BIDS, PERSONS, GeneratorSource
-from reclock.time import Frontier
+from reclock.timeline.frontier import Frontier
 
 OUTPUTS = (PERSONS, AUCTIONS, BIDS)
 

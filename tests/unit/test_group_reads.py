@@ -7,9 +7,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from reclock.dataplane import LocalDataPlane
-from reclock.pipeline import BatchFailed, BatchState, Pipeline
-from reclock.settings import Settings
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.pipeline import BatchFailed, BatchState, Pipeline
+from reclock.runtime.settings import Settings
 from reclock.testing import FakeClock, MemorySource
 from tests.unit.test_pipeline import tables
 

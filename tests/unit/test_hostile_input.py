@@ -29,17 +29,17 @@ from deltalake import DeltaTable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reclock.dataplane import LocalDataPlane
 from reclock.persist.asof import read_as_of, readable_upper
-from reclock.pipeline import Pipeline
-from reclock.settings import Settings
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Settings
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Split, error_batch
 from reclock.sources.decode import Decoder, make_decoder
 from reclock.sources.decode.values import Values
 from reclock.sources.kafka import KafkaSource
 from reclock.sources.kafka.batches import Fetched
 from reclock.testing import MemorySource
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 from tests.faults.reader import DeltaLog, Remap, read_rows
 
 SCHEMA = {"id": "int64", "score": "double", "name": "string"}

@@ -143,7 +143,7 @@ def test_values_join_and_convert_like_a_list() -> None:
     assert list(Values.concat([clean, packed]).window(1, 4)) == [b'{"a": 2}', b'{"a": 1}', None]
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(st.lists(st.lists(_batch, min_size=0, max_size=4), min_size=1, max_size=5))
 def test_parsing_several_partitions_at_once_equals_parsing_each(partitions: list) -> None:
     bufs = [_fetch(batches) if batches else b"" for batches in partitions]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from reclock.cli import main
-from reclock.config import parse_config
+from reclock.cli.main import main
 from reclock.errors import ConfigError
+from reclock.job.config import parse_config
 from reclock.persist.lake import Lake
 from reclock.persist.store import LOCAL, Store, StorePath
 

@@ -17,13 +17,13 @@ import time
 
 import pytest
 
-from reclock.config import parse_config
 from reclock.errors import ConfigError
+from reclock.job.config import parse_config
+from reclock.job.status import Status, job_alive, read_status, write_status
 from reclock.persist import conditional
 from reclock.persist.lake import Lake
 from reclock.persist.lease import DEFAULT_TTL_S, Holder, Lease, LeaseHeld, LeaseLost, LeaseRecord, read_lease
-from reclock.status import Status, job_alive, read_status, write_status
-from reclock.time import wall_clock_ms
+from reclock.timeline.frontier import wall_clock_ms
 
 
 def later(seconds: float):

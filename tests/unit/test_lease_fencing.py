@@ -10,11 +10,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from reclock.health import Health
 from reclock.persist.lake import Lake
 from reclock.persist.lease import Lease, LeaseLost
 from reclock.persist.read import read_table
-from reclock.pipeline import Pipeline
+from reclock.runtime.health import Health
+from reclock.runtime.pipeline import Pipeline
 from reclock.testing import FakeClock, MemorySource
 
 SCHEMAS = {"clicks": pa.schema([("user", pa.int64())]), "views": pa.schema([("page", pa.string())])}
@@ -92,7 +92,7 @@ def test_a_driver_that_lost_its_lease_fails_before_its_next_commit_and_writes_no
 
 def test_a_driver_that_lost_its_lease_does_not_maintain_the_tables(tmp_path):
     """Its vacuum could delete files the new driver wrote and has not committed yet."""
-    from reclock.settings import Maintenance
+    from reclock.runtime.settings import Maintenance
 
     lake = Lake.at(tmp_path)
     source = MemorySource(SCHEMAS)

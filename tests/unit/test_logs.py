@@ -13,7 +13,7 @@ from importlib.metadata import version
 
 import pytest
 
-from reclock.cli import main
+from reclock.cli.main import main
 
 CONFIG = """\
 [pipeline]
@@ -117,7 +117,7 @@ def test_a_logged_exception_is_one_line_unless_debugging(level, traceback):
     """A terminal sees one line for a fault the job handles; its traceback only at DEBUG."""
     import io
 
-    from reclock import logs
+    from reclock.runtime import logs
 
     out = io.StringIO()
     with logs.configured(level, "text", out):
@@ -136,7 +136,7 @@ def test_kafka_python_speaks_at_info_and_debug_only(level, shown):
     """Its dropped-connection errors repeat what the job says as a stall; at INFO it explains one."""
     import io
 
-    from reclock import logs
+    from reclock.runtime import logs
 
     out = io.StringIO()
     with logs.configured(level, "text", out):

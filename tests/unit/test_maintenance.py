@@ -18,8 +18,8 @@ from reclock.persist.asof import read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import OutputSink, table_schema
-from reclock.pipeline import Pipeline
-from reclock.settings import Maintenance, Settings
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Maintenance, Settings
 from reclock.sources.base import Output
 from reclock.testing import FakeClock, MemorySource
 from tests.faults.reader import DeltaLog, read_rows

@@ -7,12 +7,12 @@ import urllib.request
 import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
-from reclock.config import parse_config
 from reclock.errors import ConfigError
-from reclock.metrics import Metrics
+from reclock.job.config import parse_config
+from reclock.job.metrics import Metrics
 from reclock.persist.asof import CLOSED_UPPER
-from reclock.pipeline import Pipeline
-from reclock.settings import Settings
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Settings
 from reclock.testing import FakeClock, MemorySource
 
 

@@ -12,10 +12,10 @@ import json
 
 import pytest
 
-from reclock.cli import main
+from reclock.cli.main import main
 from reclock.persist.lake import Lake
 from reclock.persist.remap import USER_SKIP, RemapTable, Skip
-from reclock.time import Frontier
+from reclock.timeline.frontier import Frontier
 from tests.faults.reader import DeltaLog, read_rows
 
 CONFIG = """
@@ -137,7 +137,7 @@ def test_a_failed_batch_still_records_its_own_skip_beside_a_user_skip(tmp_path):
 
 
 def test_a_re_read_partition_names_its_original_and_generation():
-    from reclock.time import decode_partition, encode_partition, reread, reread_of
+    from reclock.timeline.frontier import decode_partition, encode_partition, reread, reread_of
 
     copy = reread(("orders", 3), 2)
     assert encode_partition(copy) == '["orders",3,"@reread-2"]'
@@ -149,7 +149,7 @@ def test_a_re_read_partition_names_its_original_and_generation():
 def test_a_re_read_and_the_live_range_of_one_kafka_partition_are_read_in_separate_waves():
     from reclock.sources.base import Split
     from reclock.sources.kafka.source import _waves
-    from reclock.time import reread
+    from reclock.timeline.frontier import reread
 
     live, other = ("t", 0), ("t", 1)
     splits = [Split(live, 50, 60), Split(reread(live, 1), 10, 50), Split(other, 0, 5), Split(reread(live, 2), 0, 9)]

@@ -9,12 +9,12 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from reclock.config import parse_config
 from reclock.errors import ConfigError
+from reclock.job.config import parse_config
 from reclock.persist.asof import read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import OutputLayout
-from reclock.pipeline import Pipeline
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from tests.delta_log import replay

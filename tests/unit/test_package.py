@@ -32,7 +32,7 @@ def test_the_public_surface_is_importable_from_reclock_and_loads_only_on_use():
         "assert 'deltalake' not in sys.modules\n"
         "from reclock import Pipeline, Settings, Maintenance, Source, SourceBase, Output, Split, error_batch\n"
         "from reclock import read_as_of, read_as_of_spark, readable_upper, Lake, LocalDataPlane, BatchReport\n"
-        "assert Pipeline.__module__ == 'reclock.pipeline' and callable(read_as_of)\n"
+        "assert Pipeline.__module__ == 'reclock.runtime.pipeline' and callable(read_as_of)\n"
         "assert all(hasattr(reclock, name) for name in reclock.__all__)\n"
         "print('ok')\n"
     )

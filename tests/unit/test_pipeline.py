@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 
 from reclock import Frontier
 from reclock.errors import DefiniteSourceError
-from reclock.health import Health
 from reclock.persist.asof import read_as_of, readable_upper
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
-from reclock.pipeline import Pipeline
-from reclock.settings import Settings
+from reclock.runtime.health import Health
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Settings
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 
 SCHEMAS = {"clicks": pa.schema([("user", pa.int64())]), "views": pa.schema([("page", pa.string())])}
@@ -293,7 +293,7 @@ def test_a_source_that_forgets_partitions_is_not_mistaken_for_a_recreated_one(tm
 
 
 def test_splits_pack_into_balanced_tasks_and_none_is_lost():
-    from reclock.dataplane import _pack
+    from reclock.runtime.dataplane import _pack
     from reclock.sources.base import Split
 
     splits = [Split(f"f{i}", 0, size) for i, size in enumerate([90, 10, 40, 40, 30, 30, 5, 5])]

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from reclock.config import build_source, parse_config
 from reclock.errors import ConfigError
-from reclock.plugins import ENTRY_POINTS, source_class
+from reclock.job.config import build_source, parse_config
+from reclock.job.plugins import ENTRY_POINTS, source_class
 from reclock.sources.generator import GeneratorSource
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "sensorlog"

@@ -14,9 +14,9 @@ from deltalake import DeltaTable
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 from reclock import Frontier
-from reclock.dataplane import LocalDataPlane
 from reclock.errors import ConfigError, DefiniteSourceError
-from reclock.pipeline import Pipeline
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.pyspark_in import OrderedOffsets, StreamReaderSource, arrow_schema
 from reclock.testing import CrashAt, FakeClock, SimulatedCrash
 
@@ -163,7 +163,7 @@ def test_ddl_schemas_become_arrow_and_unknown_types_name_the_field():
 
 
 def test_a_pipeline_definition_names_the_data_source_class_and_its_options(tmp_path):
-    from reclock.config import build_source, parse_config
+    from reclock.job.config import build_source, parse_config
 
     definition = {
         "pipeline": {"name": "t", "lake": str(tmp_path), "engine": "local"},

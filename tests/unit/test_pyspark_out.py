@@ -13,10 +13,10 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from reclock.errors import ConfigError
-from reclock.pyspark_out import GeneratorDataSource
+from reclock.job.pyspark_out import GeneratorDataSource
 from reclock.sources.base import Split
 from reclock.sources.generator import GeneratorSource
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 
 
 def _truth(limit: int, output: str = "bids") -> set[tuple[str, int]]:
@@ -84,7 +84,7 @@ def test_spark_column_types_come_from_the_outputs_arrow_schema():
 
 
 def test_reclock_files_reads_every_line_of_the_folder_once(tmp_path):
-    from reclock.pyspark_out import FilesDataSource
+    from reclock.job.pyspark_out import FilesDataSource
 
     for name, values in (("a.jsonl", range(3)), ("b.jsonl", range(3, 5))):
         (tmp_path / name).write_text("".join(f'{{"n": {v}}}\n' for v in values))

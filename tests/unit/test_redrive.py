@@ -8,7 +8,7 @@ The lake is read back with the test's own Delta-log reader against the lines the
 
 from __future__ import annotations
 
-from reclock.cli import main
+from reclock.cli.main import main
 from tests.faults.reader import DeltaLog, read_rows
 
 CONFIG = """

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock import Frontier
-from reclock.bindings import Bindings
 from reclock.persist.remap import RemapTable, Skip
+from reclock.timeline.bindings import Bindings
 from tests.unit.strategies import binding_lists
 
 

@@ -13,13 +13,13 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from reclock.cli import main
+from reclock.cli.main import main
 from reclock.errors import ConfigError
-from reclock.health import Health
 from reclock.persist.evolution import SchemaEvolutionError
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import OutputLayout
-from reclock.pipeline import Pipeline
+from reclock.runtime.health import Health
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import Output
 from reclock.sources.files import FilesSource
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash

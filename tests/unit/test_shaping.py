@@ -11,15 +11,15 @@ from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reclock.cli import main
-from reclock.config import parse_config
+from reclock.cli.main import main
 from reclock.errors import ConfigError, ContractError
+from reclock.job.config import parse_config
 from reclock.persist.lake import Lake
-from reclock.pipeline import Pipeline
-from reclock.shaping import TRANSFORM_ERROR, Shape, apply_route, check_deterministic, route_outputs
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.shaping import TRANSFORM_ERROR, Shape, apply_route, check_deterministic, route_outputs
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
-from reclock.time import INTO_TS, OFFSET, PARTITION
+from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 
 FRACTIONS = pa.schema([("num", pa.int64()), ("den", pa.int64())])
 OUTPUTS = {"m": Output("m", FRACTIONS), ERRORS: Output(ERRORS, ERRORS_SCHEMA)}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from reclock.job.spark import code_archive, runs_elsewhere, shipped_packages
 from reclock.sources.generator import GeneratorSource
-from reclock.spark import code_archive, runs_elsewhere, shipped_packages
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "sensorlog"
 
@@ -72,7 +72,7 @@ def test_code_is_shipped_only_when_executors_are_other_processes(master, elsewhe
 
 
 def test_the_spark_submit_entry_runs_the_cli_with_its_own_folder_off_the_path(tmp_path):
-    entry = Path(__file__).resolve().parents[2] / "reclock" / "submit.py"
+    entry = Path(__file__).resolve().parents[2] / "reclock" / "cli" / "submit.py"
     code = (
         "import runpy, sys\n"
         f"sys.path.insert(0, {str(entry.parent)!r}); sys.argv = [{str(entry)!r}, '--lake', 'lake', 'status']\n"

@@ -11,16 +11,16 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from prometheus_client.parser import text_string_to_metric_families as parse
 
-from reclock import job
-from reclock.config import parse_config
-from reclock.dataplane import LocalDataPlane
-from reclock.metrics import Metrics
+from reclock.job import lifecycle
+from reclock.job.config import parse_config
+from reclock.job.metrics import Metrics
+from reclock.job.status import read_status
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
-from reclock.pipeline import Pipeline
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import ERRORS
-from reclock.status import read_status
 from reclock.testing import FakeClock, MemorySource
 
 
@@ -37,9 +37,9 @@ def run_generator_job(tmp_path, **pipeline):
             "source": {"kind": "generator", "partitions": 3, "limit": 30_000, "max_split_offsets": 4_000},
         }
     )
-    job.create(config)
+    lifecycle.create(config)
     lake = Lake.at(tmp_path / "lake")
-    return lake, job.run(lake, "auctions")
+    return lake, lifecycle.run(lake, "auctions")
 
 
 def test_batch_rows_add_up_to_the_output_rows_and_offsets_match_lineage(tmp_path):
@@ -87,9 +87,9 @@ def test_secrets_in_the_definition_never_reach_the_status_tables(tmp_path, monke
             "source": {"kind": "generator", "limit": 100, "seed": 1},
         }
     )
-    job.create(config)
-    job.run(Lake.at(tmp_path / "lake"), "p")
-    from reclock.config import redacted
+    lifecycle.create(config)
+    lifecycle.run(Lake.at(tmp_path / "lake"), "p")
+    from reclock.job.config import redacted
 
     assert redacted({"sasl_plain_password": "x", "nested": {"api_token": "y"}, "rate": 5}) == {
         "sasl_plain_password": "***",
@@ -136,7 +136,7 @@ def test_batch_rows_a_killed_job_never_flushed_are_restored_from_the_lake_on_sta
     DeltaTable(str(lake.root / "_status" / "batches")).delete(f"batch_id IN ({', '.join(map(str, lost))})")
     assert not spans(read_status_table(lake, "batches", "auctions").to_pylist(), lost)
 
-    job.run(lake, "auctions")  # finished already: it only starts, restores and stops
+    lifecycle.run(lake, "auctions")  # finished already: it only starts, restores and stops
 
     restored = [r for r in read_status_table(lake, "batches", "auctions").to_pylist() if r["batch_id"] in lost]
     assert spans(restored, lost) == spans(recorded, lost)
@@ -145,7 +145,7 @@ def test_batch_rows_a_killed_job_never_flushed_are_restored_from_the_lake_on_sta
     assert states == ended  # outcomes are restored; that a finished batch was once in progress is not
     assert all(r["rows"] is None and r["duration_ms"] is None for r in restored)  # never measured: not made up
     again = read_status_table(lake, "batches", "auctions").num_rows
-    job.run(lake, "auctions")
+    lifecycle.run(lake, "auctions")
     assert read_status_table(lake, "batches", "auctions").num_rows == again  # nothing restored twice
 
 
@@ -159,6 +159,6 @@ def test_a_starting_job_says_starting_before_its_data_plane_is_up(tmp_path, monk
         seen.append(read_status(lake, "auctions"))
         return LocalDataPlane()
 
-    monkeypatch.setattr(job, "_data_plane", data_plane)
-    job.run(lake, "auctions")
+    monkeypatch.setattr(lifecycle, "_data_plane", data_plane)
+    lifecycle.run(lake, "auctions")
     assert seen[0]["health"] == "starting" and seen[0]["pid"] == os.getpid()

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from reclock.cli import main
+from reclock.cli.main import main
 from reclock.persist.asof import latest_cut, read_as_of, readable_upper
-from reclock.pipeline import Pipeline
+from reclock.runtime.pipeline import Pipeline
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 
 PIPELINE = """

@@ -15,15 +15,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from reclock.config import parse_config
 from reclock.errors import ConfigError
-from reclock.health import Health
-from reclock.pipeline import Pipeline
-from reclock.settings import Settings
+from reclock.job.config import parse_config
+from reclock.runtime.health import Health
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.settings import Settings
+from reclock.runtime.windowing import MaxGroupsExceeded
+from reclock.runtime.windows import Window, check_windows, parse_windows
 from reclock.sources.base import Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
-from reclock.windowing import MaxGroupsExceeded
-from reclock.windows import Window, check_windows, parse_windows
 from tests.faults.reader import DeltaLog, label_of, read_rows
 
 SCHEMA = pa.schema([("g", pa.string()), ("v", pa.int64()), ("x", pa.float64())])

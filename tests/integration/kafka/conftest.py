@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
-from reclock.broker import EmbeddedBroker
+from reclock.demo.broker import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")

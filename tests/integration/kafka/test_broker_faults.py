@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from reclock.broker import BrokerError, EmbeddedBroker
+from reclock.demo.broker import BrokerError, EmbeddedBroker
 from tests.faults.crash import partition_id
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli, write_config

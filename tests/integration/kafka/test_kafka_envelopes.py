@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from reclock.pipeline import Pipeline
+from reclock.runtime.pipeline import Pipeline
 from tests.integration.kafka.test_kafka_pipeline import _ends, _kafka_source, _rows, _step_until_in
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from reclock.sources.kafka import output_name_for
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 from tests.integration.cluster import applications, cluster_env, finish, start_on_cluster, tasks_per_worker
 from tests.integration.helpers import assert_rows_exactly_once
 

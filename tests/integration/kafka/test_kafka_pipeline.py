@@ -1,6 +1,6 @@
 """Kafka end to end: real broker (embedded Tansu), real pipelines and jobs, real Delta tables.
 
-Every check reads the lake independently (``persist.read.read_table`` on each output's Delta
+Every check reads the lake independently (``reclock.persist.read.read_table`` on each output's Delta
 table, the remap table through ``RemapTable``) and compares it with what the broker itself said
 when it accepted each record (the producer's delivery coordinates). Kafka is unbounded, so each
 run steps until every output holds what was produced, within a deadline.
@@ -24,21 +24,21 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from reclock import job
-from reclock.broker import EmbeddedBroker
-from reclock.config import load_config
-from reclock.dataplane import LocalDataPlane, SparkDataPlane
-from reclock.health import Health
+from reclock.demo.broker import EmbeddedBroker
+from reclock.job import lifecycle
+from reclock.job.config import load_config
 from reclock.persist.asof import read_as_of
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import STATUS_SCHEMAS, read_status_table
-from reclock.pipeline import BatchFailed, Pipeline
-from reclock.settings import Settings
+from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+from reclock.runtime.health import Health
+from reclock.runtime.pipeline import BatchFailed, Pipeline
+from reclock.runtime.settings import Settings
 from reclock.sources.base import ERRORS
 from reclock.sources.kafka import KafkaSource, output_name_for
-from reclock.time import Frontier, decode_partition, encode_partition
+from reclock.timeline.frontier import Frontier, decode_partition, encode_partition
 from tests.integration.helpers import reclock_cli, write_config
 from tests.integration.kafka.conftest import Producer
 
@@ -516,7 +516,7 @@ def test_sasl_password_from_the_environment_is_in_no_log_status_or_definition(
     t = topic(partitions=2)
     produced = _produce(produce, t, range(50), partitions=2)
     name, lake = "secret", tmp_path / "lake"
-    job.create(load_config(_secret_config(tmp_path, broker, name, t, "PLAINTEXT")))
+    lifecycle.create(load_config(_secret_config(tmp_path, broker, name, t, "PLAINTEXT")))
     ends = _ends(produced)
 
     def stop_when_in() -> None:
@@ -526,12 +526,12 @@ def test_sasl_password_from_the_environment_is_in_no_log_status_or_definition(
             if all(resume.covers(p, e - 1) for p, e in ends.items()):
                 break
             time.sleep(0.1)
-        job.request_stop(Lake.at(lake), name)
+        lifecycle.request_stop(Lake.at(lake), name)
 
     watcher = threading.Thread(target=stop_when_in, daemon=True)
     watcher.start()
     progress = io.StringIO()
-    pipeline = job.run(Lake.at(lake), name, progress=progress, max_seconds=90)
+    pipeline = lifecycle.run(Lake.at(lake), name, progress=progress, max_seconds=90)
     watcher.join()
     pipeline.source.close()
     assert pipeline.health is Health.STOPPED
@@ -559,7 +559,7 @@ def test_sasl_password_stays_out_of_a_refused_jobs_debug_stderr_and_status(
     config = _secret_config(tmp_path, broker, name, t, "SASL_PLAINTEXT")
     assert reclock_cli("create", str(config)).returncode == 0
     debug_job = (
-        "import logging, sys; logging.basicConfig(level=logging.DEBUG); from reclock.cli import main; "
+        "import logging, sys; logging.basicConfig(level=logging.DEBUG); from reclock.cli.main import main; "
         f"sys.exit(main(['--lake', {str(lake)!r}, 'start', {name!r}, '--max-seconds', '5']))"
     )
     done = subprocess.run(
@@ -577,7 +577,7 @@ def test_sasl_password_stays_out_of_a_refused_jobs_debug_stderr_and_status(
 
 
 def test_demo_streams_the_generator_through_kafka_into_every_output_exactly_once(tmp_path):
-    from reclock.demo import run_demo
+    from reclock.demo.run import run_demo
     from tests.integration.helpers import expected_generator_offsets
 
     lake = Lake.at(tmp_path / "lake")
@@ -597,7 +597,7 @@ def test_demo_streams_the_generator_through_kafka_into_every_output_exactly_once
 
 
 def test_demo_still_runs_the_generator_without_a_broker(tmp_path):
-    from reclock.demo import run_demo
+    from reclock.demo.run import run_demo
 
     lake = Lake.at(tmp_path / "lake")
     as_of = run_demo(lake, events=2_000, rate=1_000_000, engine="local", out=io.StringIO(), source="generator")
@@ -614,7 +614,7 @@ def test_every_toml_example_of_the_kafka_guide_is_a_valid_definition(monkeypatch
     import re
     import tomllib
 
-    from reclock.config import build_source, parse_config
+    from reclock.job.config import build_source, parse_config
 
     monkeypatch.setenv("KAFKA_PASSWORD", SECRET)
     guide = Path(__file__).resolve().parents[3] / "docs" / "sources" / "kafka.md"

@@ -8,7 +8,7 @@ Ground truth is what the producer got acked; the lake is read with the test's ow
 
 from __future__ import annotations
 
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 from tests.faults.reader import DeltaLog, read_rows
 from tests.integration.helpers import reclock_cli, write_config
 

@@ -19,7 +19,7 @@ import pytest
 
 from reclock.sources.base import ERRORS
 from reclock.sources.kafka import output_name_for
-from reclock.time import Frontier, encode_partition
+from reclock.timeline.frontier import Frontier, encode_partition
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli, write_config
 from tests.integration.kafka.test_kafka_pipeline import SCHEMA, _ends, _Feeder

@@ -13,7 +13,7 @@ import pytest
 
 from reclock.persist.lake import Lake
 from reclock.persist.layout import OutputLayout
-from reclock.pipeline import Pipeline
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.kafka import KafkaSource, output_name_for
 from tests.delta_log import replay
 

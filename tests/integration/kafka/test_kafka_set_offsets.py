@@ -13,7 +13,7 @@ from collections import Counter
 
 from kafka import KafkaConsumer, TopicPartition
 
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 from tests.faults.reader import DeltaLog, read_rows
 from tests.integration.helpers import reclock_cli, write_config
 

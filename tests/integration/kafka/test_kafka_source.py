@@ -16,13 +16,13 @@ from collections import Counter
 import pyarrow as pa
 import pytest
 
-from reclock.broker import EmbeddedBroker
+from reclock.demo.broker import EmbeddedBroker
 from reclock.errors import ConfigError, DefiniteSourceError, TransientError
 from reclock.sources.base import ERRORS, RecordError
 from reclock.sources.kafka import KafkaSource, KafkaSplit, SourceTimeout, output_name_for
 from reclock.sources.kafka.fetcher import Fetcher, lease
 from reclock.sources.kafka.reader import read_splits
-from reclock.time import Frontier, encode_partition
+from reclock.timeline.frontier import Frontier, encode_partition
 
 pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
@@ -547,7 +547,7 @@ def test_outputs_route_topics_by_name_and_pattern():
 def test_broker_that_cannot_start_fails_fast_with_its_log_tail():
     import socket
 
-    from reclock.broker import BrokerError
+    from reclock.demo.broker import BrokerError
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

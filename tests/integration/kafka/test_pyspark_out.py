@@ -11,8 +11,8 @@ from collections import Counter
 
 import pytest
 
-from reclock.pyspark_out import register
-from reclock.time import encode_partition
+from reclock.job.pyspark_out import register
+from reclock.timeline.frontier import encode_partition
 
 
 @pytest.fixture(scope="module")

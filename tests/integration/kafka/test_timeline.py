@@ -20,15 +20,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reclock.dataplane import LocalDataPlane
 from reclock.persist.asof import latest_cut, read_as_of, readable_upper
-from reclock.pipeline import Pipeline
+from reclock.runtime.dataplane import LocalDataPlane
+from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import Split
 from reclock.sources.files import FilesSource
 from reclock.sources.generator import GeneratorSource
 from reclock.sources.kafka import KafkaSource
 from reclock.testing import CrashAt, FakeClock, SimulatedCrash
-from reclock.time import encode_partition
+from reclock.timeline.frontier import encode_partition
 
 TICKS = range(1_000, 9_000, 1_000)
 RATE = 40  # generator events a second: 40 a tick
@@ -138,8 +138,8 @@ def test_the_cross_pipeline_cut_is_consistent_at_every_label_time(tmp_path, brok
 
 
 def test_the_demo_of_three_pipelines_ends_with_one_cut_holding_every_record(tmp_path):
-    from reclock.demo import run_demo
-    from reclock.demo_timeline import PIPELINES
+    from reclock.demo.run import run_demo
+    from reclock.demo.timeline import PIPELINES
     from reclock.persist.lake import Lake
     from tests.integration.helpers import expected_generator_offsets
 

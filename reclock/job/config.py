@@ -1,0 +1,484 @@
+"""Pipeline definitions: a TOML file, validated before anything runs.
+
+Every mistake is reported as one :class:`~reclock.errors.ConfigError` naming the file and the
+field (``pipeline.max_batch: expected an integer, got 'lots'``), never as a traceback from deep
+inside a source. Strings may reference environment variables as ``${NAME}``: they are expanded
+only when the source is built, so secrets stay out of the stored definition and of every log.
+
+Example::
+
+    [pipeline]
+    name = "auctions"
+    lake = "lake"              # relative to the config file
+    engine = "spark"           # or "local": the in-driver data plane, no JVM
+    batch_interval = 1.0
+
+    [spark]
+    master = "local[2]"
+
+    [storage_options]          # only for a lake in an object store: lake = "s3://bucket/prefix"
+    endpoint = "${S3_ENDPOINT}"
+    secret_access_key = "${S3_SECRET}"
+
+    [maintenance]              # optional; these are the defaults
+    every = 500                # batches between the job's own table maintenance (0: never)
+    history_minutes = 0        # upsert outputs' as-of reads and time travel stay exact this far back
+    target_file_mb = 128       # optimize compacts output files to about this size
+
+    [lease]                    # optional: the job's lease in the lake (one driver per pipeline)
+    ttl_seconds = 30.0         # renewed every third of it; another driver may take over after it
+
+    [source]
+    kind = "generator"
+    rate = 20000
+    limit = 200000
+
+    [outputs.bids]             # optional, per output (see docs/schema.md)
+    partition_by = ["_into_date"]
+    schema_evolution = "none"  # fail, add or rescue for sources that decode fields
+
+    [outputs.big_bids]         # optional: shaped outputs (docs/shaping.md)
+    from = "bids"
+    sql = "SELECT auction, price FROM input WHERE price > 1000"
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from reclock.errors import ConfigError
+from reclock.job.plugins import source_class
+from reclock.persist.layout import OutputLayout, layouts_to_dict, parse_layouts
+from reclock.persist.lease import DEFAULT_TTL_S
+from reclock.persist.store import check_storage_options
+from reclock.runtime.settings import Maintenance, Settings
+from reclock.runtime.shaping import Shape, route_outputs, shapes_from_toml, shapes_to_toml
+from reclock.runtime.windows import Window, parse_windows
+from reclock.sources.base import Source
+
+__all__ = [
+    "PipelineConfig",
+    "build_source",
+    "check_shapes",
+    "expand_storage_options",
+    "load_config",
+    "parse_config",
+    "redacted",
+]
+
+_ENGINES = ("spark", "local")
+_METRICS_KEYS = ("metrics_port", "metrics_host")
+_MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    name: str
+    lake: str
+    source: Mapping[str, Any]
+    settings: Settings = field(default_factory=Settings)
+    engine: str = "spark"
+    spark_master: str = "local[2]"
+    spark_conf: Mapping[str, str] = field(default_factory=dict)
+    status_retention_days: float = 7.0
+    metrics_port: int | None = None
+    small_batch_offsets: int = 20_000
+    maintenance: Maintenance = field(default_factory=Maintenance)
+    spark_background_start: bool = True
+    lease_ttl_s: float = DEFAULT_TTL_S
+    #: How ``create`` reaches an object-store lake, as written (``${NAME}`` not expanded). Not part
+    #: of the stored definition: they say how to reach the lake, which a reader of it already knew.
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: Tumbling windows over the outputs, each into its own table (``[[windows]]``, docs/windows.md).
+    windows: tuple[Window, ...] = ()
+    #: Per output: its partition columns and schema evolution policy (``[outputs.<name>]``).
+    layouts: Mapping[str, OutputLayout] = field(default_factory=dict)
+    #: The address ``/metrics`` binds to: loopback unless the operator opens it on purpose.
+    metrics_host: str = "127.0.0.1"
+    #: ``[outputs.<name>]``: outputs shaped from the source's, by SQL (see :mod:`reclock.runtime.shaping`).
+    shapes: tuple[Shape, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored definition: exactly what a TOML file with these values would say, less
+        ``[storage_options]`` (credentials never go into the lake)."""
+        pipeline = {
+            "name": self.name,
+            "lake": self.lake,
+            "engine": self.engine,
+            "status_retention_days": self.status_retention_days,
+        }
+        if self.metrics_port is not None:
+            pipeline["metrics_port"] = self.metrics_port
+        if self.metrics_host != "127.0.0.1":  # stored only when set, so older definitions compare equal
+            pipeline["metrics_host"] = self.metrics_host
+        pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
+        return (
+            {
+                "pipeline": pipeline,
+                "spark": {
+                    "master": self.spark_master,
+                    "conf": dict(self.spark_conf),
+                    "small_batch_offsets": self.small_batch_offsets,
+                    "background_start": self.spark_background_start,
+                },
+                "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
+                "source": dict(self.source),
+                **({"outputs": outputs} if (outputs := _outputs_to_dict(self.layouts, self.shapes)) else {}),
+            }
+            | ({"windows": [w.to_dict() for w in self.windows]} if self.windows else {})
+            | ({"lease": {"ttl_seconds": self.lease_ttl_s}} if self.lease_ttl_s != DEFAULT_TTL_S else {})
+        )
+
+
+def load_config(path: str | Path) -> PipelineConfig:
+    """Read and validate a TOML file; a file that cannot be read is a :class:`ConfigError` too."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+        raw = tomllib.loads(text)
+    except FileNotFoundError:
+        raise ConfigError("file", "does not exist", file=str(path)) from None
+    except IsADirectoryError:
+        raise ConfigError("file", "is a directory, not a TOML file", file=str(path)) from None
+    except OSError as exc:
+        raise ConfigError("file", f"cannot be read: {exc.strerror or exc}", file=str(path)) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("file", f"is not UTF-8 text (byte {exc.start}: {exc.reason})", file=str(path)) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("syntax", str(exc), file=str(path)) from None
+    return parse_config(raw, file=str(path), base=path.parent)
+
+
+def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path | None = None) -> PipelineConfig:
+    """Validate a definition already parsed from TOML (or JSON); relative lakes resolve at ``base``."""
+
+    def fail(name: str, message: str) -> ConfigError:
+        return ConfigError(name, message, file=file)
+
+    _only(
+        raw, {"pipeline", "spark", "maintenance", "lease", "source", "storage_options", "windows", "outputs"}, "", fail
+    )
+    pipeline = _section(raw, "pipeline", fail, required=True)
+    storage_options = dict(_section(raw, "storage_options", fail))
+    try:
+        check_storage_options(storage_options)
+    except ConfigError as exc:
+        raise fail(exc.field, exc.reason) from None
+    spark = _section(raw, "spark", fail)
+    maintenance = _maintenance(_section(raw, "maintenance", fail), fail)
+    lease = _section(raw, "lease", fail)
+    _only(lease, {"ttl_seconds"}, "lease.", fail)
+    ttl = _typed(lease, "ttl_seconds", float, "lease.", fail, default=DEFAULT_TTL_S)
+    if not _MIN_TTL_S <= ttl < math.inf:
+        raise fail("lease.ttl_seconds", f"must be a finite number of seconds >= {_MIN_TTL_S:g}, got {ttl!r}")
+    source = dict(_section(raw, "source", fail, required=True))
+    _only(
+        pipeline,
+        {"name", "lake", "engine", "status_retention_days", *_METRICS_KEYS, *(f.name for f in fields(Settings))},
+        "pipeline.",
+        fail,
+    )
+    _only(spark, {"master", "conf", "small_batch_offsets", "background_start"}, "spark.", fail)
+
+    name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
+    lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
+    if base is not None and "://" not in lake and not os.path.isabs(os.path.expanduser(lake)):
+        lake = str((base / lake).resolve())
+    engine = _typed(pipeline, "engine", str, "pipeline.", fail, default="spark")
+    retention = _typed(pipeline, "status_retention_days", float, "pipeline.", fail, default=7.0)
+    if not 0 < retention < math.inf:
+        raise fail("pipeline.status_retention_days", f"must be a finite number > 0, got {retention!r}")
+    metrics_port = _typed(pipeline, "metrics_port", int, "pipeline.", fail)
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        raise fail("pipeline.metrics_port", "must be a port number (0 picks a free one)")
+    metrics_host = _typed(pipeline, "metrics_host", str, "pipeline.", fail, default="127.0.0.1")
+    if not metrics_host.strip():
+        raise fail("pipeline.metrics_host", "must be an address to bind to, such as 127.0.0.1 or 0.0.0.0")
+    if engine not in _ENGINES:
+        raise fail("pipeline.engine", f"must be one of {', '.join(_ENGINES)}, got {engine!r}")
+    knobs = {}
+    for f in fields(Settings):
+        kind = {"float": float, "bool": bool}.get(str(f.type), int)
+        if f.name in pipeline:
+            knobs[f.name] = _typed(pipeline, f.name, kind, "pipeline.", fail)
+    try:
+        settings = Settings(**knobs)
+    except ConfigError as exc:
+        raise fail(f"pipeline.{exc.field}", exc.reason) from None
+    master = _typed(spark, "master", str, "spark.", fail, default="local[2]")
+    small = _typed(spark, "small_batch_offsets", int, "spark.", fail, default=20_000)
+    if small < 0:
+        raise fail("spark.small_batch_offsets", "must be >= 0 (0 sends every batch to Spark)")
+    background = _typed(spark, "background_start", bool, "spark.", fail, default=True)
+    conf = spark.get("conf", {})
+    if not isinstance(conf, Mapping):
+        raise fail("spark.conf", "must be a table of Spark settings")
+    try:
+        cls = source_class(source.get("kind"))
+    except ConfigError as exc:
+        raise fail(f"source.{exc.field}", exc.reason) from None
+    _check_source_options(source["kind"], cls, source, fail)
+    layouts, shapes = _outputs(_section(raw, "outputs", fail), fail)
+    config = PipelineConfig(
+        name,
+        lake,
+        source,
+        settings,
+        engine,
+        master,
+        {str(k): str(v) for k, v in conf.items()},
+        retention,
+        metrics_port,
+        small,
+        maintenance,
+        background,
+        ttl,
+        storage_options,
+        parse_windows(raw.get("windows"), file),
+        layouts=layouts,
+        metrics_host=metrics_host,
+        shapes=shapes,
+    )
+    from reclock.persist.lake import NAME_PATTERN
+
+    if not NAME_PATTERN.match(name):
+        raise fail("pipeline.name", f"{name!r} must be an identifier of at most 64 characters")
+    return config
+
+
+_LAYOUT_KEYS = ("partition_by", "schema_evolution")
+_SHAPE_KEYS = ("from", "sql")
+
+
+def _outputs(
+    section: Mapping[str, Any], fail: Callable[[str, str], ConfigError]
+) -> tuple[dict[str, OutputLayout], tuple[Shape, ...]]:
+    """``[outputs.<name>]``: how an output is laid out (``partition_by``, ``schema_evolution``, see
+    :mod:`reclock.persist.layout`) and, for a shaped output, what it is made of (``from``, ``sql``,
+    see :mod:`reclock.runtime.shaping`). One table may say both."""
+    layouts: dict[str, dict[str, Any]] = {}
+    shapes: dict[str, dict[str, Any]] = {}
+    for name, spec in section.items():
+        if not isinstance(spec, Mapping):
+            raise fail(f"outputs.{name}", "must be a table")
+        unknown = sorted(set(spec) - {*_LAYOUT_KEYS, *_SHAPE_KEYS})
+        if unknown:
+            raise fail(f"outputs.{name}.{unknown[0]}", f"unknown key (known: {', '.join(_SHAPE_KEYS + _LAYOUT_KEYS)})")
+        if layout := {k: v for k, v in spec.items() if k in _LAYOUT_KEYS}:
+            layouts[name] = layout
+        if shape := {k: v for k, v in spec.items() if k in _SHAPE_KEYS}:
+            shapes[name] = shape
+    try:
+        return parse_layouts(layouts), shapes_from_toml(shapes)
+    except ConfigError as exc:
+        raise fail(exc.field, exc.reason) from None
+
+
+def _outputs_to_dict(layouts: Mapping[str, OutputLayout], shapes: tuple[Shape, ...]) -> dict[str, dict[str, Any]]:
+    """The ``[outputs]`` tables :func:`_outputs` reads back."""
+    outputs: dict[str, dict[str, Any]] = {}
+    for name, table in [*layouts_to_dict(layouts).items(), *shapes_to_toml(shapes).items()]:
+        outputs.setdefault(name, {}).update(table)
+    return outputs
+
+
+def _maintenance(section: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> Maintenance:
+    names = [f.name for f in fields(Maintenance)]
+    _only(section, set(names), "maintenance.", fail)
+    knobs = {name: _typed(section, name, int, "maintenance.", fail) for name in names if name in section}
+    try:
+        return Maintenance(**knobs)
+    except ConfigError as exc:
+        raise fail(f"maintenance.{exc.field}", exc.reason) from None
+
+
+def build_source(
+    config: PipelineConfig,
+    *,
+    created_at_ms: int,
+    file: str | None = None,
+    generations_path: str | None = None,
+    generations_reader: Callable[[], str | None] | None = None,
+) -> Source:
+    """Instantiate the configured source; its own validation errors are prefixed ``source.``.
+
+    What only the runtime knows is passed to sources that ask for it by parameter name: the time
+    the pipeline was created (``anchor_ms``) and where dropped files' generations are kept (a
+    local path, or a reader of the file in an object-store lake).
+    """
+    options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k != "kind"}
+    hidden = _hidden(config.source, options)
+    try:
+        cls = source_class(config.source["kind"])
+    except ConfigError as exc:
+        raise ConfigError(f"source.{exc.field}", exc.reason, file=file) from None
+    params = inspect.signature(cls).parameters
+    if "anchor_ms" in params:
+        options.setdefault("anchor_ms", created_at_ms)
+    if "generations_path" in params and generations_path is not None:
+        options.setdefault("generations_path", generations_path)
+    if "generations_reader" in params and generations_reader is not None:
+        options.setdefault("generations_reader", generations_reader)
+    if "group_id" in params:
+        options.setdefault("group_id", f"reclock-{config.name}")
+    try:
+        return cls(**options)
+    except ConfigError as exc:
+        message = _conceal(exc.reason, hidden)
+        raise ConfigError(f"source.{exc.field}", message, file=file) from None
+    except (TypeError, ValueError) as exc:  # a source that did not say which option: still one line
+        raise ConfigError("source", _conceal(f"{type(exc).__name__}: {exc}", hidden), file=file) from None
+
+
+def check_shapes(config: PipelineConfig, source: Source, *, file: str | None = None) -> None:
+    """``[outputs]`` against the source's outputs, before anything is stored (see :func:`route_outputs`)."""
+    try:
+        route_outputs({o.name: o for o in source.outputs()}, config.shapes)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None
+
+
+def expand_storage_options(options: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
+    """``[storage_options]`` with ``${NAME}`` taken from the environment (an unset one is an error)."""
+    return {k: _expand(v, f"storage_options.{k}", file) for k, v in options.items()}
+
+
+# Keys whose values are secrets; not "key" or "ssl" alone: key columns and certificate paths are not.
+_SECRET = re.compile(r"pass(word|wd|phrase)?($|_)|secret|token|credential|private_key|api_?key", re.IGNORECASE)
+
+
+def redacted(value: Any, key: str = "", *, secret: bool = False) -> Any:
+    """A copy safe for logs and status tables: values under secret-looking keys are masked.
+
+    Masking goes by the key alone, whatever the value's type (``sasl_plain_password = 99887766``
+    is a number in TOML), and reaches everything nested under such a key. Only ``None`` and
+    ``""`` stay visible: they show that no secret is set, not what it is.
+    """
+    secret = secret or bool(_SECRET.search(key))
+    if isinstance(value, Mapping):
+        return {k: redacted(v, str(k), secret=secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(v, key, secret=secret) for v in value]
+    if secret and value is not None and value != "":
+        return "***"
+    return value
+
+
+def _check_source_options(
+    kind: str, cls: type, source: Mapping[str, Any], fail: Callable[[str, str], ConfigError]
+) -> None:
+    """Options the class's constructor cannot take, or lacks, named before anything is built.
+
+    The values themselves are the source's to judge: its constructor raises a ConfigError naming
+    the option, which :func:`build_source` prefixes with ``source.``.
+    """
+    params = inspect.signature(cls).parameters
+    for name, param in params.items():
+        required = param.default is inspect.Parameter.empty
+        if required and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD) and name not in source:
+            raise fail(f"source.{name}", f"missing (a {kind} source needs it)")
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    for key in source:
+        if key != "kind" and key not in params:
+            raise fail(f"source.{key}", f"unknown option for a {kind} source (known: {', '.join(sorted(params))})")
+
+
+def _expand(value: Any, key: str, file: str | None) -> Any:
+    """Substitute ``${NAME}`` from the environment; an unset variable is an error, not ``""``."""
+    if isinstance(value, str):
+
+        def variable(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in os.environ:
+                raise ConfigError(key, f"environment variable {name} is not set", file=file)
+            return os.environ[name]
+
+        return _ENV.sub(variable, value)
+    if isinstance(value, Mapping):
+        return {k: _expand(v, f"{key}.{k}", file) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, key, file) for v in value]
+    return value
+
+
+def _hidden(raw: Any, expanded: Any, key: str = "", secret: bool = False) -> list[tuple[str, str]]:
+    """``(value, shown instead)`` for every value an error message must not echo.
+
+    Those are values substituted from ``${NAME}`` (shown as the reference) and values under
+    secret-looking keys (shown as ``***``), at any depth of the ``[source]`` table.
+    """
+    secret = secret or bool(_SECRET.search(key))
+    if isinstance(raw, Mapping) and isinstance(expanded, Mapping):
+        return [pair for k, v in raw.items() if k in expanded for pair in _hidden(v, expanded[k], str(k), secret)]
+    if isinstance(raw, list) and isinstance(expanded, list):
+        return [pair for r, e in zip(raw, expanded, strict=False) for pair in _hidden(r, e, key, secret)]
+    if expanded is None or isinstance(expanded, Mapping | list) or str(expanded) == "":
+        return []
+    if secret:
+        return [(str(expanded), "***")]
+    if isinstance(raw, str) and _ENV.search(raw):
+        return [(str(expanded), raw)]
+    return []
+
+
+def _conceal(message: str, hidden: list[tuple[str, str]]) -> str:
+    """``message`` without any hidden value: a quoted one becomes what the file says instead.
+
+    A value still found unquoted (a short number inside other text, say) is not replaced piece
+    by piece; the message then only says that the value is not shown.
+    """
+    for value, shown in sorted(hidden, key=lambda pair: -len(pair[0])):
+        message = message.replace(repr(value), repr(shown))
+        if value in message:
+            return f"invalid value (not shown: it comes from {shown if shown != '***' else 'a secret setting'})"
+    return message
+
+
+def _section(raw: Mapping[str, Any], name: str, fail: Callable[..., ConfigError], required: bool = False) -> Mapping:
+    if name not in raw:
+        if required:
+            raise fail(name, "missing section")
+        return {}
+    value = raw[name]
+    if not isinstance(value, Mapping):
+        raise fail(name, "must be a table")
+    return value
+
+
+def _only(section: Mapping[str, Any], allowed: set[str], prefix: str, fail: Callable[..., ConfigError]) -> None:
+    for key in section:
+        if key not in allowed:
+            raise fail(f"{prefix}{key}", f"unknown key (known: {', '.join(sorted(allowed))})")
+
+
+def _typed(
+    section: Mapping[str, Any],
+    key: str,
+    kind: type,
+    prefix: str,
+    fail: Callable[..., ConfigError],
+    *,
+    required: bool = False,
+    default: Any = None,
+) -> Any:
+    if key not in section:
+        if required:
+            raise fail(f"{prefix}{key}", "missing")
+        return default
+    value = section[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+        raise fail(f"{prefix}{key}", f"expected {names[kind]}, got {value!r}")
+    return value

@@ -1,0 +1,455 @@
+"""The long-running ingest job: a stored definition, run until stopped, observable from outside.
+
+``create`` validates a definition and stores it in the lake; ``run`` builds the source, the data
+plane and the pipeline from it and steps until the source finishes or a stop is asked for, by
+SIGINT/SIGTERM or by ``reclock stop`` (a marker file, so it works from any process that sees the
+lake). Either way the in-flight batch completes first. After every batch the job publishes a
+status snapshot and, on a terminal, one progress line.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, replace
+from typing import Any, TextIO
+
+from reclock.errors import ConfigError, StorageError
+from reclock.job import status_rows
+from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
+from reclock.job.control import exclusive, load, request_stop
+from reclock.job.detach import attach
+from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
+from reclock.job.status import HEARTBEAT_S, Status, write_status
+from reclock.job.status_restore import restore_history
+from reclock.persist.asof import output_upper
+from reclock.persist.lake import Lake, sink_id
+from reclock.persist.layout import check_layouts
+from reclock.persist.lease import Lease
+from reclock.persist.remap import RemapTable
+from reclock.persist.status_tables import StatusTables
+from reclock.persist.store import LakePath, Store
+from reclock.runtime import logs
+from reclock.runtime.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
+from reclock.runtime.health import Health
+from reclock.runtime.maintenance import MaintenanceReport
+from reclock.runtime.maintenance import maintain as run_maintenance
+from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
+from reclock.runtime.windows import check_windows
+from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
+from reclock.sources.files import FilesSource
+from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
+from reclock.timeline.resume import resume_upper
+
+__all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
+
+log = logging.getLogger("reclock.job")
+
+
+def create(
+    config: PipelineConfig,
+    *,
+    replace: bool = False,
+    now: Callable[[], int] = wall_clock_ms,
+    file: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> LakePath:
+    """Validate ``config`` (the source too) and store it; refuse to silently change an existing one.
+
+    ``file`` is where the definition came from: the source's own errors name it like the others.
+    The lake is reached with the config's ``[storage_options]`` and then ``storage_options`` (the
+    command line's, which win); neither is stored in the definition (see :func:`lake_of`).
+    """
+    source = build_source(config, created_at_ms=now(), file=file)
+    try:
+        check_windows(config.windows, [*source.outputs(), Output(ERRORS, ERRORS_SCHEMA)])
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None
+    check_shapes(config, source, file=file)
+    check_layouts(source, config.layouts, file=file)
+    lake = lake_of(config, storage_options)
+    path = lake.definition_path(config.name)
+    definition = config.to_dict()
+    if lake.store.exists(path):
+        stored = json.loads(lake.store.read_text(path))
+        if stored["definition"] == definition:
+            return path
+        if not replace:
+            raise ConfigError(
+                "pipeline.name",
+                f"pipeline {config.name!r} already exists with another definition; use --replace to change it",
+            )
+        created = stored["created_at_ms"]
+    else:
+        created = now()
+    lake.store.write_text(path, json.dumps({"definition": definition, "created_at_ms": created}, indent=1))
+    return path
+
+
+def lake_of(config: PipelineConfig, storage_options: Mapping[str, Any] | None = None) -> Lake:
+    """The lake a definition names, reached with its ``[storage_options]`` (``${NAME}`` expanded
+    from the environment) and then ``storage_options``, which win."""
+    options = {**expand_storage_options(config.storage_options), **(storage_options or {})}
+    return Lake.at(config.lake, options or None)
+
+
+def file_states(lake: Lake, name: str) -> list[FileStatus]:
+    """Every file a files pipeline has bound or lists now, with its state (none for other sources).
+
+    Derived from the lake and the directory each time (see :mod:`reclock.job.file_states`), so it is
+    right after any crash, whether or not a job is running.
+    """
+    config, created_at = load(lake, name)
+    if config.source["kind"] != "files":
+        return []
+    return read_file_states(lake, name, _files_source(lake, name, config, created_at))
+
+
+def drop_file(lake: Lake, name: str, path: str) -> int:
+    """Forget a Loaded or Skipped file so the next batch ingests it again, as new data.
+
+    The file becomes a new partition ``(path, generation + 1)``: its earlier rows stay where they
+    are (they were correct when loaded), and the new generation starts at offset 0. Any other
+    state is refused with a :class:`ConfigError` naming ``path`` (see
+    :func:`reclock.job.file_states.drop_refusal`). The generations file is replaced atomically and
+    synced, so a drop, once returned, survives a crash.
+    """
+    config, created_at = load(lake, name)
+    if config.source["kind"] != "files":
+        raise ConfigError(
+            "source.kind", f"drop-file applies to files pipelines; {name!r} reads {config.source['kind']}"
+        )
+    source = _files_source(lake, name, config, created_at)
+    generations = source.generations()
+    why = drop_refusal(read_file_states(lake, name, source), path, generations.get(path, 0))
+    if why is not None:
+        raise ConfigError("path", f"pipeline {name!r} cannot drop {path!r}: it {why} (see reclock files)")
+    generations[path] = generations.get(path, 0) + 1
+    lake.store.write_text(generations_file(lake, name), json.dumps(generations, indent=1, sort_keys=True), durable=True)
+    return generations[path]
+
+
+def maintain(
+    lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_minutes: int | None = None
+) -> MaintenanceReport:
+    """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
+
+    A running job maintains its own tables on its schedule, between its batches; a second process
+    doing it beside the job could make the job's MERGE conflict and retry, so the job's lease is
+    taken here (:mod:`reclock.persist.lease`) and a running pipeline is refused.
+    """
+    config, _ = load(lake, name)
+    policy = config.maintenance
+    if history_minutes is not None:
+        policy = replace(policy, history_minutes=history_minutes)
+    lease = exclusive(lake, name, config.lease_ttl_s)
+    try:
+        outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
+        upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
+        remap = RemapTable(lake.remap_path(name), lake.store)
+        return run_maintenance(
+            remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum, fence=lease.check
+        )
+    finally:
+        lease.release()
+
+
+def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
+    """The stored pipeline's source, built the same way for the job and for the CLI's questions.
+
+    A files source reads dropped files' generations from the lake: by path from a local lake, and
+    through the lake's store from an object-store lake.
+    """
+    where = generations_file(lake, name)
+    if lake.store.remote:
+        reader = functools.partial(_text_or_none, lake.store, where)
+        return build_source(
+            config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_reader=reader
+        )
+    return build_source(
+        config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_path=str(where)
+    )
+
+
+def _text_or_none(store: Store, path: LakePath) -> str | None:
+    try:
+        return store.read_text(path)
+    except FileNotFoundError:
+        return None
+
+
+def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> FilesSource:
+    source = source_of(lake, name, config, created_at)
+    assert isinstance(source, FilesSource), f"a files pipeline built {source!r}"
+    return source
+
+
+def generations_file(lake: Lake, name: str) -> LakePath:
+    return lake.control_dir(name) / "generations.json"
+
+
+def run(
+    lake: Lake,
+    name: str,
+    *,
+    progress: TextIO | None = None,
+    max_seconds: float | None = None,
+    metrics_host: str | None = None,
+) -> Pipeline:
+    """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
+
+    ``metrics_host`` overrides the definition's ``metrics_host`` for this run. Every line the job
+    logs on this thread names the pipeline (:mod:`reclock.runtime.logs`).
+    """
+    with logs.pipeline_scope(name):
+        pipeline = _run(lake, name, progress, max_seconds, metrics_host)
+        log.info("job ended: %s, %s", pipeline.health.value, "finished" if pipeline.finished else "not finished")
+        return pipeline
+
+
+def _run(
+    lake: Lake, name: str, progress: TextIO | None, max_seconds: float | None, metrics_host: str | None
+) -> Pipeline:
+    config, created_at = load(lake, name)
+    if metrics_host is not None:
+        config = replace(config, metrics_host=metrics_host)
+    lease = exclusive(lake, name, config.lease_ttl_s)
+    try:
+        attach(lake, name)
+        return _run_leased(lake, name, config, created_at, lease, progress, max_seconds)
+    finally:
+        lease.release()
+
+
+def _run_leased(
+    lake: Lake,
+    name: str,
+    config: PipelineConfig,
+    created_at: int,
+    lease: Lease,
+    progress: TextIO | None,
+    max_seconds: float | None,
+) -> Pipeline:
+    """The job under the pipeline's lease: it checks it before every durable write, so a job that
+    lost it stops before its next commit, as failed, and writes no status over its successor's."""
+    # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
+    # while the data plane starts (a Spark session takes seconds).
+    _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
+    source = source_of(lake, name, config, created_at)
+    stop = threading.Event()
+    stop_file = lake.control_dir(name) / "stop"
+    lake.store.delete(stop_file)
+    handlers = _on_signals(stop)
+    pipeline = Pipeline(
+        name,
+        lake,
+        source,
+        data_plane=_data_plane(config, source),
+        settings=config.settings,
+        maintenance=config.maintenance,
+        windows=config.windows,
+        layouts=config.layouts,
+        fence=lease.check,
+        shapes=config.shapes,
+    )
+    status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
+    watcher = threading.Thread(
+        target=_watch,
+        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: lease.lost or _heartbeat(lake, status)),
+        daemon=True,
+    )
+    watcher.start()
+    tables = StatusTables(lake, retention_days=config.status_retention_days)
+    config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
+    status_rows.record_state(tables, pipeline, config_json)
+    restore_history(lake, tables, pipeline)
+    started = time.monotonic()
+    first_offsets: dict[str, int] = {}
+    last_health = [pipeline.health]
+    metrics = None
+    if config.metrics_port is not None:  # prometheus_client costs a second of start-up: only when served
+        from reclock.job.metrics import Metrics
+
+        metrics = Metrics(pipeline)
+        status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
+    log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
+
+    names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier
+
+    def publish(p: Pipeline) -> None:
+        if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
+            _publish(lake, p, status, names)
+
+    def on_batch(report: BatchReport) -> None:
+        if report.state is BatchState.SUCCEEDED:
+            status.batches += 1
+        if report.maintenance is not None:
+            status.last_maintenance = {"at_ms": wall_clock_ms(), **asdict(report.maintenance)}
+        for output, rows in report.rows.items():
+            status.rows[output] = status.rows.get(output, 0) + rows
+        status_rows.record_batch(tables, pipeline, report, first_offsets)
+        if metrics is not None:
+            metrics.observe(report)
+        _log_batch(report)
+        publish(pipeline)
+        if progress is not None and not (report.idle and pipeline.health is last_health[0]):
+            _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
+        last_health[0] = pipeline.health
+
+    try:
+        pipeline.run(
+            stop,
+            on_batch=on_batch,
+            on_health=publish,
+            on_start=lambda report: tables.append("batches", [status_rows.in_progress(pipeline, report)]),
+        )
+    except Exception:
+        if pipeline.health is not Health.FAILED:
+            raise
+    finally:
+        stop.set()
+        if not lease.lost:  # the pipeline's state is its new driver's to say now
+            status_rows.record_state(tables, pipeline, config_json)
+        tables.close()
+        if metrics is not None:
+            metrics.close()
+        publish(pipeline)
+        if progress is not None:
+            progress.write("\n")
+            progress.flush()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return pipeline
+
+
+def _log_batch(report: BatchReport) -> None:
+    """INFO for a batch that committed, DEBUG for an idle step; failures are logged where they happen."""
+    if report.idle:
+        log.debug("idle: no new data")
+    elif report.state is BatchState.SUCCEEDED:
+        rows = ", ".join(f"{output} {n}" for output, n in sorted(report.rows.items()))
+        with logs.batch_scope(report.binding_ts):
+            log.info("committed in %d ms, rows: %s", report.duration_ms, rows or "none")
+
+
+def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
+    """The configured plane; on a cluster, executors get reclock and the source's package shipped."""
+    if config.engine == "local":
+        return LocalDataPlane()
+    from reclock.job.spark import shipped_packages, spark_session
+
+    ship = shipped_packages(source)
+
+    def start() -> Any:
+        return spark_session(config.spark_master, config.spark_conf, ship=ship)
+
+    plane = StartingSparkDataPlane(start, small_batch_offsets=config.small_batch_offsets)
+    if not config.spark_background_start:
+        plane.wait()
+    return plane
+
+
+def _on_signals(stop: threading.Event) -> dict[int, object]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, lambda *_: stop.set())
+    return previous
+
+
+def _watch(
+    stop_requested: Callable[[], bool], stop: threading.Event, max_seconds: float | None, beat: Callable[[], None]
+) -> None:
+    """Stop on request or deadline; keep the status snapshot fresh while a batch or backoff runs."""
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    next_beat = time.monotonic() + HEARTBEAT_S
+    while not stop.wait(0.2):
+        if _asked(stop_requested) or (deadline is not None and time.monotonic() > deadline):
+            stop.set()
+        if time.monotonic() >= next_beat:
+            beat()
+            next_beat = time.monotonic() + HEARTBEAT_S
+
+
+def _asked(stop_requested: Callable[[], bool]) -> bool:
+    """Whether a stop was requested; a lake that cannot be asked now (a network blip) has not."""
+    try:
+        return stop_requested()
+    except OSError as exc:
+        log.info("could not look for a stop request: %s", exc)
+        return False
+
+
+_status_lock = threading.Lock()
+
+
+def _heartbeat(lake: Lake, status: Status) -> None:
+    """Re-stamp the last snapshot as of now: the job is alive and can still write the lake."""
+    with _status_lock:
+        try:
+            status.updated_ms = wall_clock_ms()
+            write_status(lake, status)
+        except OSError as exc:
+            log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
+
+
+def _publish(lake: Lake, pipeline: Pipeline, status: Status, names: dict[Partition, str]) -> None:
+    """Write the status snapshot; a lake that refuses it must not end the job (see StorageError).
+
+    ``names`` keeps each partition's encoded name for the job: a files frontier names every file
+    ever loaded, and encoding them all again at every batch cost more than the batch's reads.
+
+    The snapshot is observability: the next publish after the storage recovers repairs it, and
+    readers never trust a stale ``running`` anyway (:func:`reclock.job.status.read_status`).
+    """
+    with _status_lock:
+        try:
+            status.health = pipeline.health.value
+            status.finished = pipeline.finished
+            status.last_error = pipeline.last_error
+            if status.resume_upper != pipeline.resume_upper or status.resume_frontier == "{}":
+                # R(resume_upper - 1) is fixed by resume_upper: encode it only when it moved (an
+                # idle job publishes at every probe).
+                status.resume_upper = pipeline.resume_upper
+                status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
+            status.bindings = len(pipeline.remap.bindings)
+            status.updated_ms = wall_clock_ms()
+            write_status(lake, status)
+        except (OSError, StorageError) as exc:
+            log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
+
+
+def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
+    """``frontier.to_json()``, encoding each partition once per job (see :func:`_publish`)."""
+    if frontier.is_closed:
+        return frontier.to_json()
+    encoded = []
+    for p, o in frontier.items():
+        name = names.get(p)
+        if name is None:
+            name = names[p] = encode_partition(p)
+        encoded.append((name, o))
+    return json.dumps({"offsets": dict(sorted(encoded))}, separators=(",", ":"))
+
+
+def _progress_line(out: TextIO, pipeline: Pipeline, status: Status, elapsed: float) -> None:
+    rows = sum(status.rows.values())
+    lag = pipeline.lag
+    into = pipeline.resume_upper - 1
+    stamp = time.strftime("%H:%M:%S", time.localtime(into / 1000)) if into > 0 else "-"
+    line = (
+        f"{pipeline.name}  {pipeline.health.value:<8} batches {status.batches:>5}  rows {rows:>12,}"
+        f"  {rows / max(elapsed, 1e-9):>10,.0f} rows/s  lag {lag if lag is not None else '-':>10}  into {stamp}"
+    )
+    if out.isatty():
+        out.write("\r" + line)
+    else:
+        out.write(line + "\n")
+    out.flush()

@@ -1,0 +1,141 @@
+"""The rows a running job appends to the status tables (:mod:`reclock.persist.status_tables`).
+
+Observability, not exactly-once: a row lost to a SIGKILL is derived again at the next start
+(:mod:`reclock.job.status_restore`); what is here only says which row each event becomes.
+"""
+
+from __future__ import annotations
+
+from reclock.persist.status_tables import StatusTables
+from reclock.runtime.health import Health
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.reports import BatchReport, BatchState
+from reclock.timeline.frontier import encode_partition
+
+__all__ = ["in_progress", "record_batch", "record_state"]
+
+
+def record_state(tables: StatusTables, pipeline: Pipeline, config_json: str) -> None:
+    state = {Health.FAILED: "Error", Health.STOPPED: "Stopped"}.get(pipeline.health, "Running")
+    tables.append(
+        "pipelines",
+        [
+            {
+                "pipeline": pipeline.name,
+                "state": state,
+                "health": pipeline.health.value,
+                "finished": pipeline.finished,
+                "config": config_json,
+                "last_error": pipeline.last_error,
+            }
+        ],
+    )
+
+
+def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, first: dict[str, int]) -> None:
+    """Rows for ``batches`` (one per split), ``errors`` (failed splits), ``files`` and ``offsets``.
+
+    ``first`` remembers, per partition, the first offset this job loaded: the ``earliest`` column.
+    """
+    if report.idle:
+        return
+    phases = {f"{phase}_ms": ms for phase, ms in report.phases.items()}
+    rows = []
+    for r in report.results:
+        rows.append(
+            {
+                "pipeline": pipeline.name,
+                "batch_id": report.binding_ts,
+                "state": report.state.value if not r.error else BatchState.FAILED.value,
+                "partition": r.partition,
+                "rows": r.rows,
+                "filtered": r.filtered,
+                "bytes": r.bytes_read,
+                "earliest_offset": r.earliest,
+                "latest_offset": r.latest,
+                "start_ms": r.started_ms,
+                "duration_ms": r.duration_ms,
+                "error": r.error,
+                **phases,
+            }
+        )
+    if not report.results:
+        rows.append(
+            {
+                "pipeline": pipeline.name,
+                "batch_id": report.binding_ts,
+                "state": BatchState.NO_DATA.value,
+                "rows": 0,
+                "bytes": 0,
+                "start_ms": report.started_ms,
+                "duration_ms": report.duration_ms,
+                **phases,
+            }
+        )
+    tables.append("batches", rows)
+    failed = [r for r in report.results if r.error]
+    tables.append(
+        "errors",
+        [
+            {
+                "pipeline": pipeline.name,
+                "kind": f"batch {r.error_kind}",
+                "code": (r.error or "").split(":", 1)[0],
+                "message": r.error,
+                "batch_id": report.binding_ts,
+                "partition": r.partition,
+                "offset": r.split.start,
+            }
+            for r in failed
+        ],
+    )
+    files = []
+    if report.state is BatchState.SUCCEEDED:
+        files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in report.results]
+        files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
+        for r in report.results:
+            if r.earliest is not None:
+                first[r.partition] = min(first.get(r.partition, r.earliest), r.earliest)
+        resume = pipeline.resume_frontier()
+        tables.append(
+            "offsets",
+            [
+                {
+                    "pipeline": pipeline.name,
+                    "partition": encode_partition(p),
+                    "earliest": first.get(encode_partition(p)),
+                    "latest": o,
+                    "latest_loaded": o if resume.is_closed else resume.offset(p),
+                }
+                for p, o in report.upper.items()
+                # A file's offsets never change once it is loaded: a files batch writes the files it
+                # moved, not a row for every file ever loaded (``reclock files`` is the full view).
+                if not pipeline.source.is_file_source or o != report.lower.offset(p)
+            ],
+        )
+    tables.append("files", [row for row in files if row is not None])
+
+
+def in_progress(pipeline: Pipeline, report: BatchReport) -> dict:
+    """The ``batches`` row of a planned batch; ``reclock batches`` hides it once the batch ends."""
+    return {
+        "pipeline": pipeline.name,
+        "batch_id": report.binding_ts,
+        "state": BatchState.IN_PROGRESS.value,
+        "start_ms": report.started_ms,
+        **{f"{phase}_ms": ms for phase, ms in report.phases.items()},
+    }
+
+
+def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, report: BatchReport) -> dict | None:
+    if not pipeline.source.is_file_source or not isinstance(partition, tuple):
+        return None
+    path, generation = partition
+    return {
+        "pipeline": pipeline.name,
+        "path": path,
+        "generation": generation,
+        "size": size,
+        "state": state,
+        "batch_id": report.binding_ts,
+    }

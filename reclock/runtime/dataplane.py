@@ -1,0 +1,456 @@
+"""The data plane: read splits, stamp, shape and write parquet files, in Spark tasks or in-driver.
+
+Both planes run the same task function, :func:`run_split`, so the in-driver plane (tiny batches,
+tests without a JVM) and the Spark plane (real work, a cluster) cannot drift apart. A task:
+
+1. reads its split from the source (replayable, so a retried task sees the same records);
+2. stamps every row with ``_into_ts`` from the batch's :class:`~reclock.timeline.stamp.Stamper`;
+3. drops rows stamped below their output's upper: those are already durable (a resumed batch
+   re-reads from the slowest output's frontier, faster outputs must not get them twice);
+4. routes rows to their outputs, through transforms (:mod:`reclock.runtime.shaping`: errors to ``_errors``,
+   filtered rows counted), shapes them to each table's schema and writes parquet files there;
+5. returns a :class:`SplitResult`: the files' metadata and row counts, or the error that stopped
+   it. Nothing is visible until the driver commits.
+
+A task never raises for a failing split: it reports the error, so the driver sees *which* splits
+failed and can retry the batch, stop, or skip exactly those ranges (and record them). A row no
+binding covers is a broken invariant (the source read outside its split): an assertion, reported
+the same way but never skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.errors import ContractError, ErrorKind, classify, describe
+from reclock.persist.evolution import evolve
+from reclock.persist.layout import OutputLayout
+from reclock.persist.sink import DataFile, discard_data_file, write_data_files
+from reclock.persist.store import LOCAL, Store
+from reclock.runtime.rows import output_rows, split_null_keys, unwrap
+from reclock.runtime.shaping import Route, shape_batch
+from reclock.sources.base import ERRORS, Source, Split
+from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
+from reclock.timeline.stamp import UNBOUND, Stamper
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AutoDataPlane",
+    "BatchPlan",
+    "DataPlane",
+    "LocalDataPlane",
+    "SparkDataPlane",
+    "SplitResult",
+    "StartingSparkDataPlane",
+    "run_split",
+]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Everything a task needs; pickled into every Spark task, so keep it small."""
+
+    source: Source
+    stamper: Stamper
+    uppers: Mapping[str, IntoTime]
+    roots: Mapping[str, str]
+    schemas: Mapping[str, pa.Schema]
+    file_rows: int = 1_000_000
+    #: Per output that is not ``append``: its envelope and key columns (see :mod:`reclock.sources.base`).
+    envelopes: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    #: The lake's store: tasks write their files straight into it (a folder or an object store).
+    store: Store = LOCAL
+    #: Per output with a layout: its partition columns and schema evolution policy.
+    layouts: Mapping[str, OutputLayout] = field(default_factory=dict)
+    #: Per output: the columns fields added to its table (``add``), filled from unknown fields.
+    added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Per shaped source output, where its rows go (:mod:`reclock.runtime.shaping`); others land as read.
+    routes: Mapping[str, tuple[Route, ...]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """What one task did: the files it wrote, or why it failed (then ``files`` is empty)."""
+
+    split: Split
+    files: list[DataFile] = field(default_factory=list)
+    rows: int = 0
+    filtered: int = 0  # rows a transform dropped on purpose (WHERE): counted, not stored
+    bytes_read: int = 0
+    earliest: int | None = None  # least source offset read
+    latest: int | None = None  # greatest source offset read
+    started_ms: int = 0
+    duration_ms: int = 0
+    error: str | None = None
+    error_kind: ErrorKind | None = None
+
+    @property
+    def partition(self) -> str:
+        return encode_partition(self.split.partition)
+
+
+class DataPlane(Protocol):
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]: ...
+
+
+class LocalDataPlane:
+    """Runs every split in the driver process: no per-job cost.
+
+    A source whose reads may run concurrently (``parallel_reads``, as the Kafka source's) is read
+    by ``threads`` threads, each a task of its own (splits packed as for Spark): parsing, JSON
+    decoding and parquet writing release the GIL, so two cores decode two partitions at once.
+    Other sources are read split after split, as their authors wrote them.
+    """
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
+
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
+        if self.threads < 2 or len(splits) < 2 or not getattr(plan.source, "parallel_reads", False):
+            return run_splits(plan, list(splits))
+        groups = _pack(splits, self.threads)
+        with ThreadPoolExecutor(len(groups), thread_name_prefix="reclock-task") as pool:
+            return [r for results in pool.map(functools.partial(run_splits, plan), groups) for r in results]
+
+
+class SparkDataPlane:
+    """Splits run as Spark tasks; the driver only collects file metadata.
+
+    Splits are packed into at most ``tasks_per_core`` x the default parallelism tasks, balanced by
+    size: every task wave costs 60-150 ms here, so forty one-file tasks on two cores (twenty waves)
+    lost to the in-driver plane, while a few tasks per core still balance uneven splits.
+    """
+
+    def __init__(self, spark: SparkSession, *, tasks_per_core: int = 2) -> None:
+        self.spark = spark
+        self.tasks_per_core = tasks_per_core
+
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
+        if not splits:
+            return []
+        context = self.spark.sparkContext
+        groups = _pack(splits, max(1, context.defaultParallelism * self.tasks_per_core))
+        rdd = context.parallelize(groups, len(groups))
+        return rdd.flatMap(functools.partial(_run_group, plan)).collect()
+
+
+def _pack(splits: Sequence[Split], bins: int) -> list[list[Split]]:
+    """Largest split first into the least loaded task (LPT), so tasks finish close together."""
+    loads = [0] * min(bins, len(splits))
+    groups: list[list[Split]] = [[] for _ in loads]
+    for split in sorted(splits, key=lambda s: s.end - s.start, reverse=True):
+        i = loads.index(min(loads))
+        groups[i].append(split)
+        loads[i] += split.end - split.start
+    return groups
+
+
+def _run_group(plan: BatchPlan, group: list[Split]) -> list[SplitResult]:
+    return run_splits(plan, group)
+
+
+def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
+    """One task's splits: as one stream if the source reads groups (``read_group``), else split
+    by split. A group that fails is read again split by split, so the results name exactly the
+    splits that fail (the pipeline may skip those ranges, and must not skip the others)."""
+    read_group = getattr(plan.source, "read_group", None)
+    if read_group is not None and len(splits) > 1:
+        results = run_group(plan, splits, read_group)
+        if results is not None:
+            return results
+    return [run_split(plan, split) for split in splits]
+
+
+class AutoDataPlane:
+    """Spark for real batches, the driver for small ones.
+
+    A Spark job costs a fixed 0.1-0.5 s here whatever its size, which dominates a small batch:
+    measured (``benchmarks/scenarios/freshness.py``), a 1,000-row Kafka batch takes 1.09 s on Spark
+    against 0.67 s in the driver, and Spark only pays from about 20,000 rows. Both planes run the
+    same task function, so the choice changes only where the work runs, never its result.
+    """
+
+    def __init__(self, spark: DataPlane, local: DataPlane | None = None, *, small_batch_offsets: int = 20_000) -> None:
+        self.spark = spark
+        self.local = local or LocalDataPlane()
+        self.small_batch_offsets = small_batch_offsets
+
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
+        size = sum(split.end - split.start for split in splits)
+        plane = self.local if size < self.small_batch_offsets else self.spark
+        return plane.run(plan, splits)
+
+
+class StartingSparkDataPlane:
+    """A Spark data plane whose session starts in the background; until it is up, batches run in
+    the driver.
+
+    Starting a session costs seconds (a JVM, then the first jobs warm up), and a restarted job
+    used to pay all of it before its first commit. Both planes run the same task function, so a
+    batch lands the same rows wherever it runs; only where the work happens changes. A session
+    that fails to start fails the batches that need it, naming why.
+    """
+
+    def __init__(
+        self, start: Callable[[], SparkSession], local: DataPlane | None = None, *, small_batch_offsets: int = 0
+    ) -> None:
+        self.local = local or LocalDataPlane()
+        self.small_batch_offsets = small_batch_offsets
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reclock-spark-start")
+        self._session = self._pool.submit(start)
+        self._plane: DataPlane | None = None
+
+    def wait(self) -> None:
+        """Wait for the session (``[spark] background_start = false``): every batch on Spark."""
+        self._session.result()
+
+    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
+        if self._plane is None:
+            if not self._session.done():
+                return self.local.run(plan, splits)
+            spark = SparkDataPlane(self._session.result())
+            self._plane = (
+                AutoDataPlane(spark, self.local, small_batch_offsets=self.small_batch_offsets)
+                if self.small_batch_offsets
+                else spark
+            )
+            self._pool.shutdown(wait=False)
+        return self._plane.run(plan, splits)
+
+
+def run_split(plan: BatchPlan, split: Split) -> SplitResult:
+    """Read, stamp, filter, shape and write one split (see the module docstring)."""
+    started = time.time()
+    task = _Task(plan)
+    stats = {"rows": 0, "filtered": 0, "bytes_read": 0, "earliest": None, "latest": None}
+    try:
+        partition = encode_partition(split.partition)
+        for output, batch in plan.source.read(split):
+            stats["bytes_read"] += batch.nbytes
+            if batch.num_rows:
+                offsets = batch.column(OFFSET)
+                lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+                stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
+                stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
+            stats["rows"] += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
+        files = task.finish()
+        stats["filtered"] = sum(t.num_rows for t in task.filtered)
+    except Exception as exc:
+        task.discard()
+        return _failed(split, started, exc)
+    return SplitResult(
+        split, files, started_ms=int(started * 1000), duration_ms=int((time.time() - started) * 1000), **stats
+    )
+
+
+def run_group(
+    plan: BatchPlan, splits: list[Split], read_group: Callable[[list[Split]], Iterator[Any]]
+) -> list[SplitResult] | None:
+    """Read a task's splits as one stream whose batches span partitions (a source's
+    ``read_group``): one decode, one stamp and one file per output for many small partitions,
+    where one split at a time paid them per partition. Rows and offsets are still reported per
+    split (the files go with the first). ``None`` if it fails: its files are gone, and the
+    caller reads the splits one by one."""
+    started = time.time()
+    task = _Task(plan)
+    owners = _Owners(splits)
+    try:
+        for output, batch in read_group(splits):
+            owners.read(batch)
+            for landed in task.land(output, batch, None, f"the task of {len(splits)} splits"):
+                owners.landed(landed)
+        files = task.finish()
+        for dropped in task.filtered:
+            owners.dropped(dropped)
+    except Exception as exc:
+        task.discard()
+        log.info("a task of %d splits failed as a group (%s); reading them one by one", len(splits), exc)
+        return None
+    took = int((time.time() - started) * 1000)
+    return [
+        SplitResult(split, files if i == 0 else [], started_ms=int(started * 1000), duration_ms=took, **owners.stats(i))
+        for i, split in enumerate(splits)
+    ]
+
+
+def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
+    return SplitResult(
+        split,
+        started_ms=int(started * 1000),
+        duration_ms=int((time.time() - started) * 1000),
+        error=describe(exc),
+        error_kind=classify(exc),
+    )
+
+
+_PLAIN = OutputLayout()
+
+
+class _Task:
+    """What one task lands: stamped, filtered, shaped rows pending per output, flushed to a
+    parquet file every ``file_rows`` rows; and the lineage of rows transforms filtered out."""
+
+    def __init__(self, plan: BatchPlan) -> None:
+        self.plan = plan
+        self.pending: dict[str, list[pa.Table]] = {}
+        self.counts: dict[str, int] = {}
+        self.files: list[DataFile] = []
+        self.filtered: list[pa.Table] = []
+
+    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> list[pa.Table]:
+        """Stamp ``batch`` and land it in every output its routes name; the rows added, per table.
+        ``partition`` is the partition every row should have, if the reader covers one."""
+        plan = self.plan
+        if output not in plan.schemas:
+            raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
+        into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
+        if len(into) and (into == UNBOUND).any():
+            raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
+        landed: list[pa.Table] = []
+        for route in plan.routes.get(output, (Route(output),)):
+            landed += self._shaped(route, batch, into) if route.shape else self._as_read(route.output, batch, into)
+        return landed
+
+    def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
+        shaped, rejected, filtered = shape_batch(route, batch, into, self.plan.uppers, self.plan.schemas)
+        self.filtered.append(filtered)
+        for name, part in ((route.output, shaped), (ERRORS, rejected)):
+            if part.num_rows:
+                self._add(name, part)
+        return [shaped, rejected]
+
+    def _as_read(self, output: str, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
+        plan = self.plan
+        schema = plan.schemas[output]
+        keep = into >= plan.uppers[output]
+        if not keep.any():
+            return []
+        envelope, key = plan.envelopes.get(output, ("append", ()))
+        new: dict[str, pa.Array] = {}
+        layout = plan.layouts.get(output, _PLAIN)
+        if layout.schema_evolution != "none" or output in plan.added:  # added columns: null if no field
+            batch, new = evolve(batch, schema, layout, plan.added.get(output, ()))
+        shaped = output_rows(unwrap(batch, envelope, key), into, schema)
+        for name, column in new.items():
+            shaped = shaped.append_column(pa.field(name, pa.string()), column)
+        if not keep.all():
+            shaped = shaped.filter(pa.array(keep))
+        if key:
+            shaped, orphans = split_null_keys(shaped, key, plan.schemas[ERRORS])
+            orphans = orphans.filter(pc.greater_equal(orphans.column(INTO_TS), plan.uppers[ERRORS]))
+            if orphans.num_rows:
+                self._add(ERRORS, orphans)
+        self._add(output, shaped)
+        return [shaped]
+
+    def _add(self, output: str, table: pa.Table) -> None:
+        self.pending.setdefault(output, []).append(table)
+        self.counts[output] = self.counts.get(output, 0) + table.num_rows
+        if self.counts[output] >= self.plan.file_rows:
+            self.files.extend(self._flush(output))
+
+    def _flush(self, output: str) -> list[DataFile]:
+        """One file of the pending rows (one per partition value of a partitioned output)."""
+        table = pa.concat_tables(self.pending.pop(output), promote_options="default")
+        self.counts.pop(output)
+        known = self.plan.schemas[output].names
+        new_fields = tuple(name for name in table.column_names if name not in known)
+        layout = self.plan.layouts.get(output)
+        staged = output in self.plan.envelopes  # a MERGE's staged rows: delta-rs partitions them
+        partition_by = layout.partition_by if layout is not None and not staged else ()
+        return write_data_files(
+            self.plan.roots[output], output, table, self.plan.store, partition_by=partition_by, new_fields=new_fields
+        )
+
+    def finish(self) -> list[DataFile]:
+        for output in list(self.pending):
+            self.files.extend(self._flush(output))
+        return self.files
+
+    def discard(self) -> None:
+        """Remove the files written so far: nothing of a failed task may be committed."""
+        for f in self.files:
+            discard_data_file(self.plan.roots[f.output], f, self.plan.store)
+
+
+class _Owners:
+    """Per-split rows, bytes and offsets of batches that span many splits."""
+
+    def __init__(self, splits: list[Split]) -> None:
+        self.splits = splits
+        self.by_partition: dict[str, list[int]] = {}
+        for i, split in enumerate(splits):
+            self.by_partition.setdefault(encode_partition(split.partition), []).append(i)
+        self.rows = [0] * len(splits)
+        self.filtered = [0] * len(splits)
+        self.bytes = [0] * len(splits)
+        self.earliest: list[int | None] = [None] * len(splits)
+        self.latest: list[int | None] = [None] * len(splits)
+
+    def read(self, batch: pa.RecordBatch) -> None:
+        per_row = batch.nbytes / max(batch.num_rows, 1)
+        for i, offsets in self._owned(batch.column(PARTITION), batch.column(OFFSET)):
+            lo, hi = int(offsets.min()), int(offsets.max())
+            self.earliest[i] = lo if self.earliest[i] is None else min(self.earliest[i], lo)  # type: ignore[type-var]
+            self.latest[i] = hi if self.latest[i] is None else max(self.latest[i], hi)  # type: ignore[type-var]
+            self.bytes[i] += int(per_row * len(offsets))
+
+    def landed(self, table: pa.Table) -> None:
+        for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
+            self.rows[i] += len(offsets)
+
+    def dropped(self, table: pa.Table) -> None:  # rows a transform filtered out
+        for i, offsets in self._owned(table.column(PARTITION), table.column(OFFSET)):
+            self.filtered[i] += len(offsets)
+
+    def stats(self, i: int) -> dict[str, Any]:
+        return {
+            "rows": self.rows[i],
+            "filtered": self.filtered[i],
+            "bytes_read": self.bytes[i],
+            "earliest": self.earliest[i],
+            "latest": self.latest[i],
+        }
+
+    def _owned(self, partitions: Any, offsets: Any) -> Iterator[tuple[int, np.ndarray]]:
+        """``(split index, offsets)`` of the rows each split owns."""
+        if not len(offsets):
+            return
+        encoded = pc.dictionary_encode(partitions)
+        if isinstance(encoded, pa.ChunkedArray):
+            encoded = encoded.combine_chunks()
+        offs = np.asarray(offsets.to_numpy())
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(encoded.dictionary) + 1))
+        for code, name in enumerate(encoded.dictionary.to_pylist()):
+            rows = offs[order[bounds[code] : bounds[code + 1]]]
+            owners = self.by_partition.get(name)
+            if owners is None:
+                raise ContractError(
+                    f"the task's source yielded rows of partition {name!r}, which none of its splits has"
+                )
+            if len(owners) == 1:
+                yield owners[0], rows
+                continue
+            starts = np.array([self.splits[i].start for i in owners])
+            which = np.searchsorted(starts, rows, side="right") - 1
+            for j, owner in enumerate(owners):
+                mine = rows[which == j]
+                if len(mine):
+                    yield owner, mine

@@ -1,0 +1,143 @@
+"""Minting: steps 1 and 2 of a batch, from the source's upper to a durable binding.
+
+The probe asks the source how far it has data, caps that to ``max_batch`` (backpressure) and
+refuses a source that went back below what is already bound (a recreated topic). The mint makes
+binding ``(T, F)`` durable with ``T = max(now, remap upper)`` by compare-and-append; an idle source
+still advances time every ``idle_interval`` so quiet pipelines never hold back a consistent read,
+and a bounded source whose end is bound gets a closing binding.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from reclock.errors import DefiniteSourceError
+from reclock.persist.remap import RemapTable
+from reclock.runtime.settings import Settings
+from reclock.sources.base import Source
+from reclock.timeline.frontier import Frontier, encode_partition, reread_of
+
+__all__ = ["Interrupted", "Minter"]
+
+
+class Minter:
+    """The one place a pipeline's bindings come from."""
+
+    def __init__(
+        self, name: str, source: Source, remap: RemapTable, settings: Settings, now: Callable[[], int]
+    ) -> None:
+        self.name = name
+        self.source = source
+        self.remap = remap
+        self.settings = settings
+        self._now = now
+        self.last_probe: Frontier | None = None  # the source's upper as the last probe saw it
+        self._probing: _Call | None = None
+        #: ``(bound, source upper, probe)`` of the last check: frontiers are immutable values, so
+        #: a source that answers with the very same upper (an idle files source) is not joined and
+        #: checked again against an unchanged bound, which would cost a pass over every partition.
+        self._checked: tuple[Frontier, Frontier, Frontier] | None = None
+
+    def probe_and_mint(self, stop: threading.Event | None) -> dict[str, int]:
+        """Steps 1 and 2: probe and cap the source's upper, then mint a binding if it is due.
+
+        Nothing is minted while the source is idle and the last binding is younger than
+        ``idle_interval``; a bounded source whose end is bound gets the closing binding. Returns
+        the milliseconds each step took (``probe``, ``mint``), for the batch's report.
+        """
+        # Step 1: probe.
+        clock = time.monotonic()
+        bindings = self.remap.bindings
+        if bindings.is_closed:
+            return {}
+        bound = bindings.frontier
+        end = self.source.end()
+        if end is not None and end.less_equal(bound):
+            proposal = Frontier.closed()
+        else:
+            raw = self._upper(stop)
+            if self._checked is not None and self._checked[0] is bound and self._checked[1] is raw:
+                probe = self._checked[2]  # the same values as last time: already joined and checked
+            else:
+                probe = bound.join(raw) if self.source.forgets_partitions else raw
+                rereads = {p: o for p, o in bound.items() if reread_of(p) is not None}
+                if rereads:  # bound once, to a fixed end, by set-offsets: no probe names them
+                    probe = probe.join(Frontier(rereads))
+                self._check(bound, probe)
+                self._checked = (bound, raw, probe)
+            self.last_probe = probe
+            proposal = self.source.cap(bound, probe, self.settings.max_batch)
+        # Step 2: mint.
+        probed = time.monotonic()
+        phases = {"probe": int((probed - clock) * 1000)}
+        now = self._now()
+        if proposal == bound and bindings.upper and now - (bindings.upper - 1) < self.settings.idle_interval * 1000:
+            return phases
+        self.remap.mint(max(now, bindings.upper), proposal)
+        return {**phases, "mint": int((time.monotonic() - probed) * 1000)}
+
+    def _check(self, bound: Frontier, probe: Frontier) -> None:
+        """A probe below what is already bound means the source was recreated: a definite error."""
+        if not bound.less_equal(probe):
+            behind = [(p, probe.offset(p), o) for p, o in bound.items() if probe.offset(p) < o]
+            named = ", ".join(f"{encode_partition(p)} is at {now} below bound {o}" for p, now, o in behind[:3])
+            more = f" (and {len(behind) - 3} more)" if len(behind) > 3 else ""
+            raise DefiniteSourceError(
+                f"pipeline {self.name}: the source went back below what is already bound: {named}{more}; "
+                "was the source recreated (a topic deleted, a broker replaced)?"
+            )
+
+    def _upper(self, stop: threading.Event | None) -> Frontier:
+        """``source.upper()``, given up as soon as ``stop`` is set (then :class:`Interrupted`).
+
+        A probe may wait long for a source that does not answer (a Kafka probe waits up to
+        ``read_timeout_s`` to bootstrap), and nothing is durable before the mint, so a stop need
+        not wait for it. The probe runs on a helper thread; one that was given up keeps running
+        and the next probe takes its answer instead of starting a second one beside it (the
+        source's upper never goes back, so an earlier answer is still a valid probe).
+        """
+        if stop is None:
+            return self.source.upper()
+        if self._probing is None:
+            self._probing = _Call(self.source.upper, f"reclock-probe-{self.name}")
+        if not self._probing.wait(stop):
+            raise Interrupted
+        call, self._probing = self._probing, None
+        return call.result()
+
+
+class Interrupted(Exception):
+    """A stop was asked for while the driver waited for the source; nothing was minted."""
+
+
+class _Call:
+    """``fn()`` on a daemon thread, whose caller can stop waiting for it."""
+
+    def __init__(self, fn: Callable[[], Frontier], name: str) -> None:
+        self._done = threading.Event()
+        self._value: Frontier | None = None
+        self._error: BaseException | None = None
+        threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
+
+    def _run(self, fn: Callable[[], Frontier]) -> None:
+        try:
+            self._value = fn()
+        except BaseException as exc:  # handed to the waiting thread by result()
+            self._error = exc
+        finally:
+            self._done.set()
+
+    def wait(self, stop: threading.Event) -> bool:
+        """``True`` once the call returned; ``False`` as soon as ``stop`` is set before that."""
+        while not self._done.wait(0.05):
+            if stop.is_set():
+                return False
+        return True
+
+    def result(self) -> Frontier:
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value

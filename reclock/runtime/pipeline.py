@@ -1,0 +1,496 @@
+"""The pipeline driver: the batch loop of the design, one binding (or a short run of them) a batch.
+
+One :meth:`Pipeline.step` first finishes any *pending* bindings (minted, but not yet in every
+output: a failed or crashed batch), so a retry is exactly the same batch and a restart is a
+catch-up. Only when every output is current does it move on:
+
+1. **probe** the source's upper and cap it to ``max_batch`` (backpressure);
+2. **mint** a binding ``(T, F)`` with ``T = max(now, remap upper)`` by compare-and-append; an idle
+   source still advances time every ``idle_interval`` so quiet pipelines never hold back a
+   consistent read; a bounded source whose end is bound gets a closing binding;
+3. **plan**: the batch starts at the slowest output, ``lower = R(min_e upper_e - 1)``, and covers
+   the pending bindings up to ``hi`` (as many as fit in ``max_batch``, at least one);
+4. **write**: the data plane reads ``splits(lower, R(hi))``, stamps, drops what an output already
+   holds and writes parquet files;
+5. **commit** each output once, labelled ``hi``; an output that already holds ``hi`` is skipped;
+6. **resume**: the resume frontier ``R(min_e upper_e - 1)`` goes to ``source.commit`` (advisory).
+
+Every ``maintenance.every`` batches the step then maintains the tables (:mod:`reclock.runtime.maintenance`),
+so their size, and with it the cost of a step and of a restart, stays bounded at any age.
+
+A crash anywhere leaves durable bindings and some outputs ahead of others; the next step simply
+starts again at step 1 with the same rule, which re-derives the same rows (determinism) and lets
+labels skip what already landed (exactly once).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+
+from reclock.errors import (
+    ConfigError,
+    DefiniteSourceError,
+    ErrorKind,
+    FencedError,
+    TransientError,
+    describe,
+)
+from reclock.persist.evolution import SchemaEvolutionError, refuse_new_fields
+from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
+from reclock.persist.layout import OutputLayout, output_layouts
+from reclock.persist.lease import LeaseLost
+from reclock.persist.remap import REREAD_START, RemapTable, Skip
+from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
+from reclock.runtime.dataplane import BatchPlan, DataPlane, LocalDataPlane
+from reclock.runtime.health import Health
+from reclock.runtime.logs import BATCH_ID, batch_scope
+from reclock.runtime.maintenance import MaintenanceReport, maintain
+from reclock.runtime.minting import Interrupted, Minter
+from reclock.runtime.outputs import outputs_of
+from reclock.runtime.planning import in_split_order, plan_batch, without_skips
+from reclock.runtime.reports import BatchFailed, BatchReport, BatchState
+from reclock.runtime.rows import output_rows
+from reclock.runtime.settings import Maintenance, Settings
+from reclock.runtime.shaping import Shape, route_outputs
+from reclock.runtime.windowing import Windows
+from reclock.runtime.windows import Window
+from reclock.sources.base import ERRORS, Source, error_batch
+from reclock.timeline.frontier import Frontier, IntoTime, encode_partition, wall_clock_ms
+from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
+
+__all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
+
+log = logging.getLogger("reclock.pipeline")
+
+
+class Pipeline:
+    """Drives one source into its outputs; the single owner of its remap table and sinks."""
+
+    def __init__(
+        self,
+        name: str,
+        lake: str | Path | Lake,
+        source: Source,
+        *,
+        data_plane: DataPlane | None = None,
+        settings: Settings | None = None,
+        maintenance: Maintenance | None = None,
+        now: Callable[[], int] = wall_clock_ms,
+        on_step: Callable[[str], None] | None = None,
+        windows: Sequence[Window] = (),
+        layouts: Mapping[str, OutputLayout] | None = None,
+        fence: Callable[[], None] | None = None,
+        shapes: Sequence[Shape] = (),
+    ) -> None:
+        """``shapes``: outputs shaped from the source's (transforms, routes; see :mod:`reclock.runtime.shaping`).
+        ``fence`` is called before every durable write (a binding, a commit, skips, maintenance)
+        and raises :class:`~reclock.persist.lease.LeaseLost` once this driver no longer owns the
+        pipeline: the job's lease check, so a driver that lost its lease stops instead of writing."""
+        if not NAME_PATTERN.match(name):
+            raise ConfigError("name", f"pipeline name {name!r} must be an identifier of at most 64 characters")
+        self.name = name
+        self.lake = lake if isinstance(lake, Lake) else Lake.at(lake)
+        self.source = source
+        self.data_plane = data_plane or LocalDataPlane()
+        self.settings = settings or Settings()
+        self.maintenance = maintenance or Maintenance()
+        self._batches_since_maintenance = 0
+        self.health = Health.STARTING
+        self.last_error: str | None = None
+        self._now = now
+        self._on_step = on_step or (lambda step: None)
+        self._on_start: Callable[[BatchReport], None] = lambda report: None
+        self._fence = fence or (lambda: None)
+        self.outputs, self.routes = route_outputs(outputs_of(source), shapes)
+        self.layouts = output_layouts(source, self.outputs, layouts or {})
+        self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
+        self.minter = Minter(name, source, self.remap, self.settings, now)
+        self.sinks = {
+            output.name: OutputSink(
+                self.lake.output_path(name, output.name),
+                sink_id(name, output.name),
+                table_schema(output.schema, layout=self.layouts.get(output.name)),
+                envelope=output.envelope,
+                key=output.key,
+                store=self.lake.store,
+                layout=self.layouts.get(output.name),
+            )
+            for output in self.outputs.values()
+        }
+        self.windows = Windows(self.lake, name, windows, self.outputs, on_commit=self._on_step)
+
+    # -- progress ------------------------------------------------------------------------------
+
+    @property
+    def resume_upper(self) -> IntoTime:
+        """The slowest output's upper: everything below it is durable in every output."""
+        return resume_upper(sink.upper for sink in self.sinks.values())
+
+    def resume_frontier(self) -> Frontier:
+        """``R(resume_upper - 1)``: where the source resumes, and what it may commit upstream."""
+        return resume_frontier(self.remap.bindings, self.resume_upper)
+
+    @property
+    def finished(self) -> bool:
+        """The source is closed and every output holds its closing binding."""
+        return is_finished(self.remap.bindings, self.resume_upper)
+
+    # -- the batch loop ------------------------------------------------------------------------
+
+    @property
+    def lag(self) -> int | None:
+        """Offsets the last probe saw that are not yet in every output (``None`` before a probe)."""
+        probe = self.minter.last_probe
+        if probe is None:
+            return None
+        resume = self.resume_frontier()
+        return 0 if resume.is_closed else resume.count_to(resume.join(probe))
+
+    @property
+    def pending(self) -> bool:
+        """Some binding is durable but not yet in every output."""
+        return self.resume_upper < self.remap.bindings.upper
+
+    @property
+    def windows_current(self) -> bool:
+        """Every window the outputs' uppers close is in its table (see :mod:`reclock.runtime.windowing`)."""
+        return self.windows.current(self._uppers(), self.finished)
+
+    def close_windows(self) -> int:
+        """Emit every window whose end its output's upper has passed; how many had rows."""
+        return self.windows.close(self._uppers(), self.finished)
+
+    def _uppers(self) -> dict[str, IntoTime]:
+        return {name: sink.upper for name, sink in self.sinks.items()}
+
+    def step(self) -> BatchReport:
+        """Close due windows, then catch up pending bindings or else run steps 1 to 6 once."""
+        return self._step(None)
+
+    def _step(self, stop: threading.Event | None) -> BatchReport:
+        # What an earlier step could not close is closed first; a failure here fails the step.
+        self.close_windows()
+        minted: dict[str, int] = {}
+        self._fence()
+        if not self.pending:
+            minted = self.minter.probe_and_mint(stop)
+            self._on_step("minted")
+        with batch_scope():  # log lines of this step name its batch (set once it is planned)
+            report = self._run_batch()
+        report.phases = {**minted, **report.phases}
+        if not report.idle:
+            # At once (a stop loses none), and before optimize merges the batch's small files.
+            self.windows.close_after_batch(self._uppers(), self.finished)
+            self._batches_since_maintenance += 1
+            if self.maintenance.every and self._batches_since_maintenance >= self.maintenance.every:
+                report.maintenance = self._scheduled_maintenance()
+        return report
+
+    def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
+        """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
+        self._batches_since_maintenance = 0
+        outputs = {name: sink.path for name, sink in self.sinks.items()}
+        outputs |= self.windows.paths()  # a commit per pass too
+        report = maintain(
+            self.remap,
+            outputs,
+            self.resume_upper,
+            self._now(),
+            self.maintenance,
+            optimize=optimize,
+            vacuum=vacuum,
+            fence=self._fence,
+        )
+        self._on_step("maintained")
+        return report
+
+    def _scheduled_maintenance(self) -> MaintenanceReport | None:
+        """The step's own maintenance: a failure is logged and retried at the next schedule.
+
+        The batch before it is committed already, and nothing of the next depends on it, so a
+        full disk or a racing writer here must not turn a good batch into a failed one.
+        """
+        try:
+            report = self.maintain()
+        except LeaseLost:
+            raise
+        except Exception as exc:  # maintenance is an optimisation: ingestion goes on without it
+            self._batches_since_maintenance = 0
+            log.warning(
+                "pipeline %s: maintenance failed, retried in %d batches: %s",
+                self.name,
+                self.maintenance.every,
+                describe(exc),
+            )
+            return None
+        log.info(
+            "pipeline %s: maintenance in %d ms: remap since %s, files merged %s, deleted %s",
+            self.name,
+            report.duration_ms,
+            report.since,
+            report.optimized,
+            report.vacuumed,
+        )
+        return report
+
+    def run(
+        self,
+        stop: threading.Event | None = None,
+        on_batch: Callable[[BatchReport], None] | None = None,
+        on_health: Callable[[Pipeline], None] | None = None,
+        on_start: Callable[[BatchReport], None] | None = None,
+    ) -> None:
+        """Step until finished or ``stop`` is set; the in-flight batch always completes first.
+
+        Failures, by kind (see ``docs/operations.md``):
+
+        * transient (:class:`TransientError`: broker away, timeouts): health ``stalled``, retried
+          with capped backoff for as long as it lasts; never skips data;
+        * a failed batch (bad data, a corrupt file): retried whole ``max_retries`` times, then the
+          pipeline fails (``stop_on_error``) or records the failed ranges as skipped, durably,
+          and goes on without them;
+        * another driver moved an output (:class:`FencedError`): re-read what is durable, re-plan;
+        * definite (:class:`DefiniteSourceError`) or a broken invariant: fails at once.
+
+        Health is updated before observers hear of a batch (``on_batch``, also for failed
+        attempts) or of a failure that has no batch (``on_health``), so they never show a stale one.
+        ``on_start`` hears of each batch once it is planned, before anything is read (state
+        ``In Progress``), so a slow batch is visible while it runs.
+        """
+        self._on_start = on_start or (lambda report: None)
+        try:
+            self._loop(stop or threading.Event(), on_batch, on_health)
+        finally:
+            self.source.close()
+
+    def _loop(
+        self,
+        stop: threading.Event,
+        on_batch: Callable[[BatchReport], None] | None,
+        on_health: Callable[[Pipeline], None] | None,
+    ) -> None:
+        attempts = stalls = 0
+
+        def observe(report: BatchReport | None) -> None:
+            if report is not None and on_batch is not None:
+                on_batch(report)
+            if on_health is not None:
+                on_health(self)
+
+        while not stop.is_set() and not (self.finished and self.windows_current):
+            try:
+                report = self._step(stop)
+            except Interrupted:
+                break
+            except BatchFailed as exc:
+                data = ErrorKind.DATA in exc.kinds
+                spent = data and attempts >= self.settings.max_retries
+                if exc.kinds & {ErrorKind.INVARIANT, ErrorKind.DEFINITE} or (spent and self.settings.stop_on_error):
+                    self._fail(exc)
+                    observe(exc.report)
+                    raise
+                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.report.binding_ts]
+                if spent and holders:
+                    # A crash between two outputs' commits, then the range turned unreadable: the
+                    # rows already landed, so recording the range as skipped would count them twice.
+                    self._fail(
+                        DefiniteSourceError(
+                            f"batch {exc.report.binding_ts} cannot be skipped: output {holders[0]!r} already holds "
+                            f"it, and its source range can no longer be read to finish the others ({exc})"
+                        )
+                    )
+                    observe(exc.report)
+                    raise
+                attempts += 1 if data else 0
+                if data and attempts > self.settings.max_retries:
+                    self._mark_stalled(exc)
+                    observe(exc.report)
+                    try:
+                        self._skip(exc.report, attempts)
+                    except TransientError as fault:  # the lake refused the skip: retry the batch later
+                        stalls += 1
+                        self._mark_stalled(fault)
+                        observe(None)
+                        self._backoff(stop, stalls)
+                        continue
+                    attempts = 0
+                    continue
+                stalls += 1
+                self._mark_stalled(exc)
+                observe(exc.report)
+                self._backoff(stop, stalls)
+                continue
+            except (DefiniteSourceError, AssertionError, LeaseLost) as exc:
+                self._fail(exc)
+                observe(None)
+                raise
+            except Exception as exc:
+                stalls += 1
+                if isinstance(exc, FencedError):
+                    log.warning("pipeline %s: %s; re-reading the remap table and outputs", self.name, exc)
+                    self._resync()
+                elif not isinstance(exc, TransientError) and stalls > self.settings.max_retries:
+                    self._fail(exc)
+                    observe(None)
+                    raise
+                self._mark_stalled(exc)
+                observe(None)
+                self._backoff(stop, stalls)
+                continue
+            attempts = stalls = 0
+            self.health = Health.RUNNING
+            self.last_error = None
+            observe(report)
+            if report.idle and not self.finished:
+                stop.wait(self.settings.batch_interval)
+        self.health = Health.STOPPED
+        observe(None)
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _run_batch(self) -> BatchReport:
+        # Step 3: plan from the slowest output.
+        clock = time.monotonic()
+        bindings = self.remap.bindings
+        lo = self.resume_upper
+        batch = plan_batch(bindings, lo, self.settings.max_batch)
+        if batch is None:
+            return BatchReport()
+        hi, lower, upper = batch.hi, batch.lower, batch.upper
+        BATCH_ID.set(hi)
+        moved = batch.moved
+        skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= hi]
+        splits = without_skips(self.source.splits(lower, upper), skips) if moved else []
+        plan = BatchPlan(
+            source=self.source,
+            stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
+            uppers={name: sink.upper for name, sink in self.sinks.items()},
+            roots={name: str(sink.write_root) for name, sink in self.sinks.items()},
+            schemas={name: sink.write_schema for name, sink in self.sinks.items()},
+            file_rows=self.settings.file_rows,
+            envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
+            store=self.lake.store,
+            layouts=self.layouts,
+            added={name: sink.added for name, sink in self.sinks.items() if sink.added},
+            routes=self.routes,
+        )
+        started = wall_clock_ms()
+        report = BatchReport(hi, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started)
+        report.phases["plan"], clock = _ms_since(clock)
+        self._on_start(report)
+        # Step 4: write.
+        results = in_split_order(self.data_plane.run(plan, splits), splits)
+        report.state, report.results = BatchState.SUCCEEDED, results
+        report.phases["read"], clock = _ms_since(clock)
+        if any(r.error for r in results):
+            for r in results:
+                for f in r.files:
+                    discard_data_file(plan.roots[f.output], f, plan.store)
+            report.state = BatchState.FAILED
+            report.duration_ms = wall_clock_ms() - started
+            failure = BatchFailed(report)
+            report.error = str(failure)
+            raise failure
+        files = [f for r in results for f in r.files]
+        if skips:
+            files += self._skipped_rows(plan, skips)
+        self._on_step("written")
+        # Step 5: commit each output once.
+        by_output: dict[str, list[DataFile]] = {name: [] for name in self.sinks}
+        for f in files:
+            by_output[f.output].append(f)
+        try:
+            refuse_new_fields(
+                self.name, hi, {n: (self.layouts[n], fs) for n, fs in by_output.items() if n in self.layouts}
+            )
+        except SchemaEvolutionError as exc:
+            for f in files:
+                discard_data_file(plan.roots[f.output], f, plan.store)
+            report.state = BatchState.FAILED
+            report.error = str(exc)
+            raise
+        for name, sink in self.sinks.items():
+            if sink.upper <= hi:
+                self._fence()
+                sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
+            self._on_step(f"committed:{name}")
+        # Step 6: tell the source how far every output holds.
+        self.source.commit(self.resume_frontier())
+        self._on_step("resumed")
+        report.phases["commit"], _ = _ms_since(clock)
+        report.rows = {name: sum(f.num_records for f in fs) for name, fs in by_output.items()}
+        report.duration_ms = wall_clock_ms() - started
+        return report
+
+    def _skipped_rows(self, plan: BatchPlan, skips: list[Skip]) -> list[DataFile]:
+        """One ``_errors`` row per skipped range, stamped like the range's first record (none for
+        the offsets before a re-read's start: they were never the re-read's to load)."""
+        skips = [s for s in skips if s.reason != REREAD_START]
+        if not skips:
+            return []
+        partitions = pa.array([encode_partition(s.partition) for s in skips], pa.string())
+        starts = pa.array([s.start for s in skips], pa.int64())
+        into = plan.stamper.into_times(partitions, starts)
+        keep = into >= plan.uppers[ERRORS]
+        if not keep.any():
+            return []
+        messages = [
+            f"offsets [{s.start}, {s.end}) of partition {encode_partition(s.partition)} skipped: {s.reason}"
+            for s in skips
+        ]
+        reasons = error_batch(partitions, starts, ["skipped"] * len(skips), messages, [None] * len(skips))
+        table = output_rows(reasons, into, plan.schemas[ERRORS]).filter(pa.array(keep))
+        return [write_data_file(plan.roots[ERRORS], ERRORS, table, plan.store)]
+
+    def _skip(self, report: BatchReport, attempts: int) -> None:
+        """Give up the failed splits of a batch, durably, before anything of it commits."""
+        skips = [
+            Skip(
+                report.binding_ts,
+                r.split.partition,
+                r.split.start,
+                r.split.end,
+                f"{r.error} (failed {attempts} attempts)",
+            )
+            for r in report.results
+            if r.error
+        ]
+        self._fence()
+        recorded = self.remap.record_skips(skips)
+        log.warning(
+            "pipeline %s: skipped %d ranges of batch %s after %d attempts",
+            self.name,
+            len(recorded),
+            report.binding_ts,
+            attempts,
+        )
+
+    def _resync(self) -> None:
+        self.remap.sync()
+        for sink in self.sinks.values():
+            sink.refresh()
+
+    def _mark_stalled(self, exc: BaseException) -> None:
+        self.health = Health.STALLED
+        self.last_error = describe(exc)
+        log.warning("pipeline %s: stalled, will retry: %s", self.name, self.last_error)
+
+    def _backoff(self, stop: threading.Event, stalls: int) -> None:
+        stop.wait(min(self.settings.max_backoff, self.settings.retry_backoff * 2 ** (stalls - 1)))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.health = Health.FAILED
+        self.last_error = describe(exc)
+        log.error("pipeline %s failed (state Error): %s", self.name, self.last_error)
+
+
+def _ms_since(clock: float) -> tuple[int, float]:
+    """Whole milliseconds since ``clock`` (a ``time.monotonic()``), and the clock now."""
+    now = time.monotonic()
+    return int((now - clock) * 1000), now

@@ -1,0 +1,65 @@
+"""What a batch did: its state, rows, splits, skips and where its time went.
+
+The pipeline fills a :class:`BatchReport` per step and hands it to observers (the job's status
+tables, metrics and progress line); :class:`BatchFailed` carries the report of a batch whose
+splits failed, so retries and skips see exactly which ranges.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from reclock.errors import ReclockError
+from reclock.persist.remap import Skip
+from reclock.runtime.dataplane import SplitResult
+from reclock.runtime.maintenance import MaintenanceReport
+from reclock.timeline.frontier import Frontier, IntoTime
+
+__all__ = ["BatchFailed", "BatchReport", "BatchState"]
+
+
+class BatchState(StrEnum):
+    IN_PROGRESS = "In Progress"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    NO_DATA = "No Data"
+
+
+@dataclass
+class BatchReport:
+    """What one step did; ``binding_ts`` (the batch id) is ``None`` when there was nothing to do."""
+
+    binding_ts: IntoTime | None = None
+    state: BatchState = BatchState.NO_DATA
+    rows: dict[str, int] = field(default_factory=dict)
+    results: list[SplitResult] = field(default_factory=list)
+    skips: list[Skip] = field(default_factory=list)
+    lower: Frontier = field(default_factory=Frontier)
+    upper: Frontier = field(default_factory=Frontier)
+    started_ms: int = 0
+    duration_ms: int = 0
+    error: str | None = None
+    maintenance: MaintenanceReport | None = None  # when this step also maintained the tables
+    #: Milliseconds per phase, like Spark's ``durationMs``: ``probe`` and ``mint`` (absent when
+    #: the step replayed bindings minted before), ``plan``, ``read`` (reading, decoding and
+    #: writing files: the data plane) and ``commit`` (every output, then the source).
+    phases: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def idle(self) -> bool:
+        return self.binding_ts is None
+
+
+class BatchFailed(ReclockError):
+    """Some splits of a batch failed; nothing of the batch was committed."""
+
+    def __init__(self, report: BatchReport) -> None:
+        self.report = report
+        failed = [r for r in report.results if r.error]
+        self.kinds = {r.error_kind for r in failed}
+        first = failed[0]
+        super().__init__(
+            f"batch {report.binding_ts}: {len(failed)} of {len(report.results)} splits failed; first: partition "
+            f"{first.partition} offsets [{first.split.start}, {first.split.end}): {first.error}"
+        )

@@ -1,0 +1,89 @@
+"""A reader's batches as rows of output tables: stamped, in the table's columns, envelopes unwrapped.
+
+Shared by the data plane's tasks, the pipeline's skipped-range rows and the redrive of
+``_errors``, so every row that reaches an output is built the one same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from reclock.errors import ContractError
+from reclock.persist.layout import INTO_DATE, into_dates
+from reclock.persist.sink import DELETED
+from reclock.sources.base import error_batch
+from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
+
+__all__ = ["output_rows", "split_null_keys", "unwrap"]
+
+
+def unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
+    """Give upsert and debezium batches the row columns plus ``_deleted``; append passes through."""
+    if envelope == "append":
+        return batch
+    if envelope == "debezium":
+        deleted = pc.fill_null(pc.equal(batch.column("op"), "d"), False)
+        before, after = batch.column("before"), batch.column("after")
+        names = [f.name for f in after.type]
+        columns = [
+            pc.if_else(deleted, pc.struct_field(before, [i]), pc.struct_field(after, [i])) for i in range(len(names))
+        ]
+        others = [n for n in batch.schema.names if n not in (PARTITION, OFFSET, "before", "after", "op")]
+        return pa.RecordBatch.from_arrays(
+            [
+                batch.column(PARTITION),
+                batch.column(OFFSET),
+                *columns,
+                *(batch.column(n) for n in others),
+                deleted,
+            ],
+            names=[PARTITION, OFFSET, *names, *others, DELETED],
+        )
+    if batch.schema.get_field_index(DELETED) >= 0:
+        return batch
+    values = [n for n in batch.schema.names if n not in (PARTITION, OFFSET, *key)]
+    deleted = pa.array(np.ones(batch.num_rows, dtype=bool))
+    for name in values:
+        deleted = pc.and_(deleted, pc.is_null(batch.column(name)))
+    return batch.append_column(DELETED, deleted)
+
+
+def split_null_keys(table: pa.Table, key: tuple[str, ...], errors: pa.Schema) -> tuple[pa.Table, pa.Table]:
+    """Rows without a key cannot be upserted: they become ``_errors`` rows, never silently lost."""
+    missing = pc.is_null(table.column(key[0]))
+    for name in key[1:]:
+        missing = pc.or_(missing, pc.is_null(table.column(name)))
+    if not pc.any(missing).as_py():
+        return table, errors.empty_table()
+    bad = table.filter(missing)
+    n = bad.num_rows
+    reasons = error_batch(
+        bad.column(PARTITION).combine_chunks(),
+        bad.column(OFFSET).combine_chunks(),
+        ["null_key"] * n,
+        [f"upsert key {list(key)} is null"] * n,
+        [None] * n,
+    )
+    orphans = output_rows(reasons, bad.column(INTO_TS).combine_chunks(), errors)
+    return table.filter(pc.invert(missing)), orphans
+
+
+def output_rows(batch: pa.RecordBatch, into: np.ndarray | pa.Array, schema: pa.Schema) -> pa.Table:
+    """A reader's batch as rows of its output table: stamped with ``_into_ts``, in the table's
+    column order and types. A batch missing a column of its output is a broken source."""
+    columns = []
+    for target in schema:
+        if target.name == INTO_TS:
+            columns.append(pa.array(into, pa.int64()))
+            continue
+        if target.name == INTO_DATE:
+            columns.append(into_dates(into))
+            continue
+        index = batch.schema.get_field_index(target.name)
+        if index < 0:
+            raise ContractError(f"source batch lacks column {target.name!r} of its output")
+        column = batch.column(index)
+        columns.append(column if column.type == target.type else column.cast(target.type))
+    return pa.Table.from_arrays(columns, schema=schema)
