@@ -114,8 +114,8 @@ def _write_inputs(root: Path, files: int, rows_per_file: int) -> None:
 
 
 def _reclock(session: Any | None, source_dir: Path, fmt: str, lake: Path, expected: int) -> float:
-    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
     from reclock.runtime.pipeline import Pipeline
+    from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
     from reclock.sources.files import FilesSource
 
     started = time.perf_counter()

@@ -60,7 +60,7 @@ BATCH_INTERVAL = 0.5
 PARTITIONS = 4
 #: The three ways a job can run its batches: ``(engine, [spark] small_batch_offsets)``. "spark"
 #: sends every batch to Spark, "auto" is the default (batches under the threshold run in the
-#: driver, see ``reclock.runtime.dataplane.AutoDataPlane``), "local" never starts Spark.
+#: driver, see ``reclock.runtime.planes.AutoDataPlane``), "local" never starts Spark.
 PLANES = {"spark": ("spark", 0), "auto": ("spark", None), "local": ("local", None)}
 
 
@@ -230,8 +230,8 @@ class _Timed:
 
 def _batch_costs(session: Any, sizes: dict[str, list[int]], runs: int) -> dict[str, dict[str, list[float]]]:
     """Median seconds of one pipeline step per batch size, per plane, per source."""
-    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
     from reclock.runtime.pipeline import Pipeline
+    from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
     from reclock.runtime.settings import Settings
     from reclock.sources.generator import GeneratorSource
     from reclock.sources.kafka import KafkaSource

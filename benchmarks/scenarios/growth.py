@@ -35,8 +35,8 @@ from deltalake import DeltaTable, write_deltalake
 from benchmarks.common import figure, save_figure, workdir
 from benchmarks.harness import Ratio, ScenarioResult
 from reclock.persist.maintenance import set_retention
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.runtime.settings import Maintenance, Settings
 from reclock.sources.generator import GeneratorSource
 

@@ -83,7 +83,7 @@ WRITTEN = "reclock, Spark: rows in task files, not yet committed"
 
 
 def run(full: bool = False) -> ScenarioResult:
-    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+    from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
 
     per_topic = 1_000_000 if full else 200_000
     runs = 7 if full else 5

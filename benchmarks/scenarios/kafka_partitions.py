@@ -48,7 +48,7 @@ BOUND = "librdkafka consume"
 
 
 def run(full: bool = False) -> ScenarioResult:
-    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
+    from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
 
     scale = 5 if full else 1
     runs = 5 if full else 3

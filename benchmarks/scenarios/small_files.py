@@ -137,8 +137,8 @@ def _write_files(directory: Path, first: int, count: int) -> None:
 
 
 def _reclock(session: Any | None, source_dir: Path, lake: Path, files: int) -> None:
-    from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
     from reclock.runtime.pipeline import Pipeline
+    from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
     from reclock.sources.files import FilesSource
 
     source = FilesSource(path=str(source_dir), format="csv", output="events", columns=COLUMNS)
@@ -169,8 +169,8 @@ def _bulk_load(source_dir: Path, table: Path, files: int) -> None:
 
 def _probe_series(directory: Path, files: int) -> list[dict[str, Any]]:
     """Idle probe and idle step CPU time after each quarter of ``files`` is landed."""
-    from reclock.runtime.dataplane import LocalDataPlane
     from reclock.runtime.pipeline import Pipeline
+    from reclock.runtime.planes import LocalDataPlane
     from reclock.sources.files import FilesSource
     from reclock.sources.files.discovery import RACY_MS
 

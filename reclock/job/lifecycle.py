@@ -36,11 +36,11 @@ from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
 from reclock.runtime import logs
-from reclock.runtime.dataplane import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.runtime.health import Health
 from reclock.runtime.maintenance import MaintenanceReport
 from reclock.runtime.maintenance import maintain as run_maintenance
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
+from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.runtime.windows import check_windows
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 from reclock.sources.files import FilesSource

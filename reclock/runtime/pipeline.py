@@ -47,17 +47,18 @@ from reclock.persist.layout import OutputLayout, output_layouts
 from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
-from reclock.runtime.dataplane import BatchPlan, DataPlane, LocalDataPlane
 from reclock.runtime.health import Health
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain
 from reclock.runtime.minting import Interrupted, Minter
 from reclock.runtime.outputs import outputs_of
+from reclock.runtime.planes import DataPlane, LocalDataPlane
 from reclock.runtime.planning import in_split_order, plan_batch, without_skips
 from reclock.runtime.reports import BatchFailed, BatchReport, BatchState
 from reclock.runtime.rows import output_rows
 from reclock.runtime.settings import Maintenance, Settings
 from reclock.runtime.shaping import Shape, route_outputs
+from reclock.runtime.task import BatchPlan
 from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
 from reclock.sources.base import ERRORS, Source, error_batch

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from reclock.persist.remap import Skip
-from reclock.runtime.dataplane import SplitResult
+from reclock.runtime.task import SplitResult
 from reclock.sources.base import Split
 from reclock.timeline.bindings import Bindings
 from reclock.timeline.frontier import Frontier, IntoTime, Partition

@@ -12,8 +12,8 @@ from enum import StrEnum
 
 from reclock.errors import ReclockError
 from reclock.persist.remap import Skip
-from reclock.runtime.dataplane import SplitResult
 from reclock.runtime.maintenance import MaintenanceReport
+from reclock.runtime.task import SplitResult
 from reclock.timeline.frontier import Frontier, IntoTime
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState"]

@@ -6,7 +6,7 @@ at a time paid, per file, a parse call, a batch, a stamp and a parquet file of i
 (issue 13). :func:`read_group` reads the records of every file of a task, then parses them in
 bulk: the records of many files are laid end to end in one buffer, each keeping its own
 partition, byte offset and line number, and parsed by one call per 65,536 records; the data plane
-(:func:`~reclock.runtime.dataplane.run_group`) then writes one parquet file per output for the task.
+(:func:`~reclock.runtime.task.run_group`) then writes one parquet file per output for the task.
 
 Exactly the records and verdicts of :meth:`FileReader.read <reclock.sources.files.reader.FileReader.read>`
 split by split, in the same order:

@@ -271,8 +271,8 @@ def test_many_small_files_land_once_on_spark_one_parquet_file_per_task(tmp_path,
     import pyarrow.parquet as pq
     from deltalake import DeltaTable
 
-    from reclock.runtime.dataplane import SparkDataPlane
     from reclock.runtime.pipeline import Pipeline
+    from reclock.runtime.planes import SparkDataPlane
     from reclock.sources.files import FilesSource
 
     folder = tmp_path / "in"

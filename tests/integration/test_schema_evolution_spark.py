@@ -11,8 +11,8 @@ import pytest
 from reclock.persist.asof import read_as_of_spark
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import OutputLayout
-from reclock.runtime.dataplane import SparkDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import SparkDataPlane
 from reclock.sources.files import FilesSource
 from reclock.testing import FakeClock
 from tests.delta_log import replay

@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
 from reclock.runtime.shaping import Shape
 from reclock.sources.generator import BIDS, GeneratorSource
 from reclock.testing import FakeClock

@@ -10,8 +10,8 @@ from deltalake import DeltaTable
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, read_as_of_spark, readable_upper
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
-from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
 from reclock.runtime.settings import Settings
 from reclock.sources.generator import GeneratorSource
 from reclock.testing import FakeClock

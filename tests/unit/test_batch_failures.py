@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from reclock.errors import TransientError
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.health import Health
 from reclock.runtime.pipeline import BatchFailed, BatchState, Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.runtime.settings import Settings
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from tests.unit.test_pipeline import tables

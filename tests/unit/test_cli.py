@@ -173,7 +173,8 @@ def test_drop_file_refuses_a_pipeline_that_reads_no_files(tmp_path, capsys):
 
 
 def test_small_batches_run_in_the_driver_and_large_ones_on_the_other_plane(tmp_path):
-    from reclock.runtime.dataplane import AutoDataPlane, BatchPlan
+    from reclock.runtime.planes import AutoDataPlane
+    from reclock.runtime.task import BatchPlan
     from reclock.sources.base import Split
 
     class Recording:

@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock.errors import ReclockError
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.sources.base import ERRORS
 from reclock.sources.files import FilesSource, discovery
 from reclock.sources.files.discovery import RACY_MS, RELIST_MS, LocalNames

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.pipeline import BatchFailed, BatchState, Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.runtime.settings import Settings
 from reclock.testing import FakeClock, MemorySource
 from tests.unit.test_pipeline import tables

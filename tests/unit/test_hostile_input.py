@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reclock.persist.asof import read_as_of, readable_upper
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.runtime.settings import Settings
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Split, error_batch
 from reclock.sources.decode import Decoder, make_decoder

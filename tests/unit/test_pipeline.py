@@ -293,7 +293,7 @@ def test_a_source_that_forgets_partitions_is_not_mistaken_for_a_recreated_one(tm
 
 
 def test_splits_pack_into_balanced_tasks_and_none_is_lost():
-    from reclock.runtime.dataplane import _pack
+    from reclock.runtime.planes import _pack
     from reclock.sources.base import Split
 
     splits = [Split(f"f{i}", 0, size) for i, size in enumerate([90, 10, 40, 40, 30, 30, 5, 5])]

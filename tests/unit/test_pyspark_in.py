@@ -15,8 +15,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 
 from reclock import Frontier
 from reclock.errors import ConfigError, DefiniteSourceError
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.sources.pyspark_in import OrderedOffsets, StreamReaderSource, arrow_schema
 from reclock.testing import CrashAt, FakeClock, SimulatedCrash
 

@@ -18,8 +18,8 @@ from reclock.job.status import read_status
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.sources.base import ERRORS
 from reclock.testing import FakeClock, MemorySource
 

@@ -32,9 +32,9 @@ from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import STATUS_SCHEMAS, read_status_table
-from reclock.runtime.dataplane import LocalDataPlane, SparkDataPlane
 from reclock.runtime.health import Health
 from reclock.runtime.pipeline import BatchFailed, Pipeline
+from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
 from reclock.runtime.settings import Settings
 from reclock.sources.base import ERRORS
 from reclock.sources.kafka import KafkaSource, output_name_for

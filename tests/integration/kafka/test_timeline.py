@@ -21,8 +21,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from reclock.persist.asof import latest_cut, read_as_of, readable_upper
-from reclock.runtime.dataplane import LocalDataPlane
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.sources.base import Split
 from reclock.sources.files import FilesSource
 from reclock.sources.generator import GeneratorSource

@@ -1,7 +1,8 @@
-"""The data plane: read splits, stamp, shape and write parquet files, in Spark tasks or in-driver.
+"""What a task does: read splits, stamp, shape and write parquet files, wherever it runs.
 
-Both planes run the same task function, :func:`run_split`, so the in-driver plane (tiny batches,
-tests without a JVM) and the Spark plane (real work, a cluster) cannot drift apart. A task:
+Every data plane (:mod:`reclock.runtime.planes`) runs this same task function, :func:`run_splits`,
+so the in-driver plane (tiny batches, tests without a JVM) and the Spark plane (real work, a
+cluster) cannot drift apart. A task:
 
 1. reads its split from the source (replayable, so a retried task sees the same records);
 2. stamps every row with ``_into_ts`` from the batch's :class:`~reclock.timeline.stamp.Stamper`;
@@ -20,14 +21,11 @@ the same way but never skipped.
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -44,21 +42,10 @@ from reclock.sources.base import ERRORS, Source, Split
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
 from reclock.timeline.stamp import UNBOUND, Stamper
 
-if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "AutoDataPlane",
-    "BatchPlan",
-    "DataPlane",
-    "LocalDataPlane",
-    "SparkDataPlane",
-    "SplitResult",
-    "StartingSparkDataPlane",
-    "run_split",
-]
+
+__all__ = ["BatchPlan", "SplitResult", "run_group", "run_split", "run_splits"]
 
 
 @dataclass(frozen=True)
@@ -104,66 +91,6 @@ class SplitResult:
         return encode_partition(self.split.partition)
 
 
-class DataPlane(Protocol):
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]: ...
-
-
-class LocalDataPlane:
-    """Runs every split in the driver process: no per-job cost.
-
-    A source whose reads may run concurrently (``parallel_reads``, as the Kafka source's) is read
-    by ``threads`` threads, each a task of its own (splits packed as for Spark): parsing, JSON
-    decoding and parquet writing release the GIL, so two cores decode two partitions at once.
-    Other sources are read split after split, as their authors wrote them.
-    """
-
-    def __init__(self, threads: int | None = None) -> None:
-        self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
-
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
-        if self.threads < 2 or len(splits) < 2 or not getattr(plan.source, "parallel_reads", False):
-            return run_splits(plan, list(splits))
-        groups = _pack(splits, self.threads)
-        with ThreadPoolExecutor(len(groups), thread_name_prefix="reclock-task") as pool:
-            return [r for results in pool.map(functools.partial(run_splits, plan), groups) for r in results]
-
-
-class SparkDataPlane:
-    """Splits run as Spark tasks; the driver only collects file metadata.
-
-    Splits are packed into at most ``tasks_per_core`` x the default parallelism tasks, balanced by
-    size: every task wave costs 60-150 ms here, so forty one-file tasks on two cores (twenty waves)
-    lost to the in-driver plane, while a few tasks per core still balance uneven splits.
-    """
-
-    def __init__(self, spark: SparkSession, *, tasks_per_core: int = 2) -> None:
-        self.spark = spark
-        self.tasks_per_core = tasks_per_core
-
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
-        if not splits:
-            return []
-        context = self.spark.sparkContext
-        groups = _pack(splits, max(1, context.defaultParallelism * self.tasks_per_core))
-        rdd = context.parallelize(groups, len(groups))
-        return rdd.flatMap(functools.partial(_run_group, plan)).collect()
-
-
-def _pack(splits: Sequence[Split], bins: int) -> list[list[Split]]:
-    """Largest split first into the least loaded task (LPT), so tasks finish close together."""
-    loads = [0] * min(bins, len(splits))
-    groups: list[list[Split]] = [[] for _ in loads]
-    for split in sorted(splits, key=lambda s: s.end - s.start, reverse=True):
-        i = loads.index(min(loads))
-        groups[i].append(split)
-        loads[i] += split.end - split.start
-    return groups
-
-
-def _run_group(plan: BatchPlan, group: list[Split]) -> list[SplitResult]:
-    return run_splits(plan, group)
-
-
 def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
     """One task's splits: as one stream if the source reads groups (``read_group``), else split
     by split. A group that fails is read again split by split, so the results name exactly the
@@ -174,63 +101,6 @@ def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
         if results is not None:
             return results
     return [run_split(plan, split) for split in splits]
-
-
-class AutoDataPlane:
-    """Spark for real batches, the driver for small ones.
-
-    A Spark job costs a fixed 0.1-0.5 s here whatever its size, which dominates a small batch:
-    measured (``benchmarks/scenarios/freshness.py``), a 1,000-row Kafka batch takes 1.09 s on Spark
-    against 0.67 s in the driver, and Spark only pays from about 20,000 rows. Both planes run the
-    same task function, so the choice changes only where the work runs, never its result.
-    """
-
-    def __init__(self, spark: DataPlane, local: DataPlane | None = None, *, small_batch_offsets: int = 20_000) -> None:
-        self.spark = spark
-        self.local = local or LocalDataPlane()
-        self.small_batch_offsets = small_batch_offsets
-
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
-        size = sum(split.end - split.start for split in splits)
-        plane = self.local if size < self.small_batch_offsets else self.spark
-        return plane.run(plan, splits)
-
-
-class StartingSparkDataPlane:
-    """A Spark data plane whose session starts in the background; until it is up, batches run in
-    the driver.
-
-    Starting a session costs seconds (a JVM, then the first jobs warm up), and a restarted job
-    used to pay all of it before its first commit. Both planes run the same task function, so a
-    batch lands the same rows wherever it runs; only where the work happens changes. A session
-    that fails to start fails the batches that need it, naming why.
-    """
-
-    def __init__(
-        self, start: Callable[[], SparkSession], local: DataPlane | None = None, *, small_batch_offsets: int = 0
-    ) -> None:
-        self.local = local or LocalDataPlane()
-        self.small_batch_offsets = small_batch_offsets
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reclock-spark-start")
-        self._session = self._pool.submit(start)
-        self._plane: DataPlane | None = None
-
-    def wait(self) -> None:
-        """Wait for the session (``[spark] background_start = false``): every batch on Spark."""
-        self._session.result()
-
-    def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
-        if self._plane is None:
-            if not self._session.done():
-                return self.local.run(plan, splits)
-            spark = SparkDataPlane(self._session.result())
-            self._plane = (
-                AutoDataPlane(spark, self.local, small_batch_offsets=self.small_batch_offsets)
-                if self.small_batch_offsets
-                else spark
-            )
-            self._pool.shutdown(wait=False)
-        return self._plane.run(plan, splits)
 
 
 def run_split(plan: BatchPlan, split: Split) -> SplitResult:
