@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +44,39 @@ def test_the_public_surface_is_importable_from_reclock_and_loads_only_on_use():
 
     with pytest.raises(AttributeError, match="no attribute 'Pipelin'"):
         reclock.Pipelin  # noqa: B018 - a typo gets the usual AttributeError
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("folder", ["sources", "persist"])
+def test_a_top_level_folder_imported_by_its_folder_name_fails_loudly(folder):
+    """From the checkout's root ``sources`` and ``persist`` are importable by path; a second copy of
+    every class under another name would make ``isinstance`` and ``except`` silently miss, so the
+    import fails and names the package to import instead."""
+    done = subprocess.run([sys.executable, "-c", f"import {folder}.base"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode != 0
+    assert f"ImportError: import reclock.{folder}, not {folder}" in done.stderr
+
+
+def test_the_package_names_of_sources_and_persist_still_import_from_the_checkout_root():
+    code = "import reclock.sources.base, reclock.persist.lake; print(reclock.sources.base.Split.__module__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "reclock.sources.base", done.stderr
+
+
+def test_no_module_names_a_folder_instead_of_its_package():
+    """Docstring references (``:mod:`sources.files.listing```) and imports name the package, so a
+    reader can paste them into Python."""
+    pattern = re.compile(r"(?<![\w./-])(?:sources|persist)\.(?:base|decode|files|kafka|generator|pyspark_in"
+                         r"|asof|remap|sink|lake|store|read|layout|lease|conditional|evolution|faults|maintenance"
+                         r"|spark_files|status_tables|windows)\b")
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for top in ("reclock", "sources", "persist")
+        for path in (ROOT / top).rglob("*.py")
+        if "reclock/sources" not in path.as_posix() and "reclock/persist" not in path.as_posix()
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == []
