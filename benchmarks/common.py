@@ -577,7 +577,7 @@ _BUCKETS = (
     ("JSON decode (sources/decode/, pyarrow.json)", ("sources/decode/", "pyarrow/json")),
     ("parquet write + stats (persist/sink.py)", ("persist/sink.py", "pyarrow/parquet")),
     ("stamping (reclock/timeline/stamp.py)", ("reclock/timeline/stamp.py",)),
-    ("reclock data plane (reclock/runtime/task.py, planes.py)", ("reclock/runtime/task.py", "reclock/runtime/planes.py")),
+    ("reclock data plane (reclock/runtime/task.py, planes.py)", ("reclock/runtime/task", "reclock/runtime/planes")),
     ("Kafka source Python (sources/kafka/)", ("sources/kafka/",)),
     ("other reclock / persist / sources", ("reclock/", "persist/", "sources/")),
     ("delta-rs (deltalake)", ("deltalake/",)),
