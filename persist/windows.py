@@ -13,7 +13,9 @@ replay of a commit is skipped by that label and a second writer is fenced (the s
 crashes.
 
 The table also records its window's definition (table property ``reclock.window``): a window whose
-size, groups or aggregates changed cannot continue a table computed with the old ones.
+size, groups or aggregates changed cannot continue a table computed with the old ones. Its column
+types are the table's own: a table made when integer sums were int64 keeps int64 columns where a
+new one has decimal(38, 0) (see ``docs/design/20261124_exact_window_aggregates.md``).
 """
 
 from __future__ import annotations
@@ -70,11 +72,13 @@ class WindowTable:
             stored = table.metadata().configuration.get(DEFINITION)
             if stored is None:
                 table.alter.set_table_properties({DEFINITION: wanted}, raise_if_not_exists=False)
+            columns = pa.schema(table.schema().to_arrow())
         if stored is not None and stored != wanted:
             raise ConfigError(
                 f"windows.{name}",
                 f"its table was computed with another definition ({stored}); give the changed window a new name",
             )
+        self._sink.schema = _kept_types(self._sink.schema, columns)
 
     @property
     def upper(self) -> IntoTime:
@@ -98,6 +102,17 @@ class WindowTable:
         ``upper - 1``; ``False`` if that label is in already (a replay), nothing written twice."""
         files = [write_data_file(self._sink.path, self.name, rows, self._store)] if rows.num_rows else []
         return self._sink.commit(files, upper - 1, planned_upper=planned_upper)
+
+
+def _kept_types(wanted: pa.Schema, stored: pa.Schema) -> pa.Schema:
+    """``wanted``, with the int64 of a table made before exact sums where it wants decimal(38, 0):
+    files of another type than their table's column would make it unreadable."""
+    fields = []
+    for f in wanted:
+        if f.name in stored.names and pa.types.is_decimal(f.type) and stored.field(f.name).type == pa.int64():
+            f = f.with_type(pa.int64())
+        fields.append(f)
+    return pa.schema(fields)
 
 
 @dataclass(frozen=True)

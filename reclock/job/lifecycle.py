@@ -39,10 +39,12 @@ from reclock.runtime import logs
 from reclock.runtime.health import Health
 from reclock.runtime.maintenance import MaintenanceReport
 from reclock.runtime.maintenance import maintain as run_maintenance
+from reclock.runtime.outputs import outputs_of
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
+from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
-from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
+from reclock.sources.base import Source
 from reclock.sources.files import FilesSource
 from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
@@ -67,11 +69,12 @@ def create(
     command line's, which win); neither is stored in the definition (see :func:`lake_of`).
     """
     source = build_source(config, created_at_ms=now(), file=file)
-    try:
-        check_windows(config.windows, [*source.outputs(), Output(ERRORS, ERRORS_SCHEMA)])
+    check_shapes(config, source, file=file)
+    try:  # against the outputs as the pipeline writes them: shaped, routed, and with _errors
+        outputs, _ = route_outputs(outputs_of(source), config.shapes)
+        check_windows(config.windows, list(outputs.values()))
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
-    check_shapes(config, source, file=file)
     check_layouts(source, config.layouts, file=file)
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)

@@ -8,15 +8,20 @@ the JVM Kafka connector's jars. The mapping is the source protocol read the othe
   when it is bounded and its probe otherwise (Kafka: the high watermarks when the query is
   planned; the start is the source's own ``start`` option, earliest by default);
 * a streaming read's offsets are frontiers as JSON (``{encoded partition: offset}``): the initial
-  offset is the empty frontier, ``latestOffset`` the probe (capped by ``ReadMaxRows``),
-  ``partitions(start, end)`` the splits, ``commit(end)`` the source's advisory commit;
+  offset is the empty frontier (``startingOffsets = earliest``) or the probe when the query starts
+  (``latest``), ``latestOffset`` the probe, capped by the read limit Spark passes (``ReadMaxRows``,
+  which ``getDefaultReadLimit`` gives from ``maxRecordsPerTrigger``), ``partitions(start, end)``
+  the splits, ``commit(end)`` the source's advisory commit; ``Trigger.AvailableNow`` reads up to
+  the probe taken when the query starts;
 * each Spark partition is one :class:`~reclock.sources.base.Split`; its task runs
   ``source.read(split)`` and keeps the batches of the chosen ``output`` (``_errors`` is an output
   too), with ``_partition`` and ``_offset``.
 
 Rows are not stamped: ``_into_ts`` exists only in a pipeline's tables, which bind offsets to the
 timeline durably. Spark options are strings; a value that parses as JSON is passed parsed
-(numbers, lists, mappings), except topic names.
+(numbers, lists, mappings), except topic names. ``maxRecordsPerTrigger`` and ``startingOffsets``
+are the streaming read's own options, never the source's
+(``docs/design/20261124_pyspark_streams_start_and_take_a_limit.md``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from reclock.errors import ConfigError
@@ -44,6 +49,9 @@ __all__ = ["FilesDataSource", "GeneratorDataSource", "KafkaDataSource", "registe
 _ALIASES = {"bootstrap": "bootstrap_servers", "topic": "topics"}
 #: Options whose value is a comma-separated list of names, never JSON.
 _NAME_LISTS = frozenset({"topics"})
+#: Options of a streaming read itself, by Spark's names (lowercase: options are case-insensitive).
+_MAX_ROWS, _STARTING = "maxrecordspertrigger", "startingoffsets"
+_STARTS = ("earliest", "latest")
 
 
 def register(spark: SparkSession) -> None:
@@ -65,10 +73,31 @@ class _ReclockDataSource(DataSource):
         return from_arrow_schema(_output_schema(self._source(), self._output()), prefer_timestamp_ntz=False)
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        for name in (_MAX_ROWS, _STARTING):
+            if self._option(name) is not None:
+                raise ConfigError(name, f"is an option of a streaming read; {self.name()} reads everything in a batch")
         return _BatchReader(self._source(), self._output(), to_arrow_schema(schema))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return _StreamReader(self._source(), self._output(), to_arrow_schema(schema))
+        source = self._source()
+        text = self._option(_MAX_ROWS)
+        limit: ReadLimit = ReadAllAvailable()
+        if text is not None:
+            rows = int(text) if text.strip().isdigit() else 0
+            if rows < 1:
+                raise ConfigError(_MAX_ROWS, f"must be a whole number of rows >= 1, got {text!r}")
+            limit = ReadMaxRows(rows)
+        starting = (self._option(_STARTING) or self._default_start(source)).strip().lower()
+        if starting not in _STARTS:
+            raise ConfigError(_STARTING, f"must be earliest or latest, got {self._option(_STARTING)!r}")
+        return _StreamReader(source, self._output(), to_arrow_schema(schema), limit=limit, latest=starting == "latest")
+
+    def _default_start(self, source: Source) -> str:
+        """Where a stream starts without ``startingOffsets``: at the source's beginning."""
+        return "earliest"
+
+    def _option(self, name: str) -> str | None:
+        return next((str(v) for k, v in self.options.items() if k.lower() == name), None)
 
     def _output(self) -> str:
         names = [o.name for o in self._source().outputs()]
@@ -88,8 +117,8 @@ class _ReclockDataSource(DataSource):
         arguments: dict[str, Any] = {}
         for key, text in self.options.items():
             name = _ALIASES.get(key.lower(), key.lower())
-            if name == "output" and name not in params:
-                continue  # it only chooses the output to read
+            if name in ("output", _MAX_ROWS, _STARTING) and name not in params:
+                continue  # they choose the output, and how a stream reads; the source never sees them
             if name not in params:
                 raise ConfigError(name, f"unknown option of {self.name()} (known: output, {', '.join(params)})")
             if name in _NAME_LISTS:
@@ -117,9 +146,16 @@ class FilesDataSource(_ReclockDataSource):
 
 class GeneratorDataSource(_ReclockDataSource):
     """``reclock-generator``: options of :class:`~reclock.sources.generator.GeneratorSource`;
-    a batch read needs ``limit``, and ``output`` (``persons``, ``auctions`` or ``bids``)."""
+    a batch read needs ``limit``, and ``output`` (``persons``, ``auctions`` or ``bids``).
+
+    An unbounded generator's records exist from ``anchor_ms`` on, the epoch unless given, so its
+    stream starts at ``latest`` (now) by default: from the epoch, its first micro-batch would be
+    some 10^11 records per partition at any rate. A bounded one starts at ``earliest``."""
 
     kind = "generator"
+
+    def _default_start(self, source: Source) -> str:
+        return "latest" if source.end() is None else "earliest"
 
 
 class _BatchReader(DataSourceReader):
@@ -139,18 +175,36 @@ class _BatchReader(DataSourceReader):
         return _read(self.source, partition.value, self.output, self.schema)
 
 
-class _StreamReader(DataSourceStreamReader):
-    """Micro-batches between frontiers; offsets are frontiers as ``{encoded partition: offset}``."""
+class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches between frontiers; offsets are frontiers as ``{encoded partition: offset}``.
 
-    def __init__(self, source: Source, output: str, schema: pa.Schema) -> None:
+    ``limit`` is the read limit of the options (``maxRecordsPerTrigger``): Spark asks for it with
+    ``getDefaultReadLimit`` and passes it, or another, to ``latestOffset``, which must obey the
+    one passed. ``latest`` starts a new query at the probe instead of the source's beginning.
+    """
+
+    def __init__(
+        self, source: Source, output: str, schema: pa.Schema, *, limit: ReadLimit | None = None, latest: bool = False
+    ) -> None:
         self.source, self.output, self.schema = source, output, schema
+        self.limit = limit or ReadAllAvailable()
+        self.latest = latest
+        self._target: Frontier | None = None  # Trigger.AvailableNow: the probe when the query started
 
     def initialOffset(self) -> dict:
-        return {}
+        """Where a new query starts (a restarted one starts at its checkpoint instead)."""
+        return _offset(self.source.upper()) if self.latest else {}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self.limit
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow``: read what exists now, in micro-batches of the read limit, then stop."""
+        self._target = self.source.upper()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         lower = _frontier(start)
-        upper = lower.join(self.source.upper())
+        upper = lower.join(self.source.upper() if self._target is None else self._target)
         if isinstance(limit, ReadMaxRows):
             upper = self.source.cap(lower, upper, limit.max_rows)
         return _offset(upper)

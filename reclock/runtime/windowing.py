@@ -19,6 +19,10 @@ with the window's state so far by group (``count`` and ``sum`` add, ``min`` and 
 extreme, ``avg`` keeps a sum and a count, ``first`` and ``last`` keep the row least and greatest in
 ``(_into_ts, _partition, _offset)``). The state holds one row per group, so a window's memory is
 its groups, which ``max_groups`` bounds.
+
+Sums of integers are kept as :data:`EXACT_SUM` (decimal128(38, 0)), never in int64 or float64: no
+value of a window can then wrap or fail to convert, and an ``avg`` is the correctly rounded
+quotient of the exact sum by the count (see ``docs/design/20261124_exact_window_aggregates.md``).
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from reclock.runtime.windows import WINDOW_END, WINDOW_START, Aggregate, Window,
 from reclock.sources.base import Output
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, IntoTime
 
-__all__ = ["MaxGroupsExceeded", "WindowCloser", "Windows", "window_schema"]
+__all__ = ["EXACT_SUM", "MaxGroupsExceeded", "SumOutOfRange", "WindowCloser", "Windows", "window_schema"]
 
 log = logging.getLogger("reclock.windowing")
 
@@ -47,6 +51,10 @@ _FIRST = tuple(f"__first{c}" for c in _ORDER)
 _LAST = tuple(f"__last{c}" for c in _ORDER)
 _MERGE = {"count": "sum", "sum": "sum", "min": "min", "max": "max"}
 
+#: The type of a sum of integers, in the state and in the table: 38 digits hold the sum of any
+#: 5 * 10**18 values of 64 bits (more rows than a window can read), so it is exact.
+EXACT_SUM = pa.decimal128(38, 0)
+
 
 class MaxGroupsExceeded(DefiniteSourceError):
     """A window has more groups than its ``max_groups``.
@@ -54,6 +62,16 @@ class MaxGroupsExceeded(DefiniteSourceError):
     Definite: the same rows give the same groups on every retry, so the pipeline fails with this
     message instead of retrying. Nothing is lost: raise ``max_groups`` (or group by fewer columns,
     under a new window name) and restart, and the window is computed whole from the output table.
+    """
+
+
+class SumOutOfRange(DefiniteSourceError):
+    """An exact sum does not fit the int64 column of a window table made before sums were exact.
+
+    Such a table keeps its column type (it stays readable and appendable as it was); a sum beyond
+    int64 cannot be written to it, and writing anything else would be a wrong value. Definite: the
+    same rows give the same sum. The window under a new name gets a decimal(38, 0) column and is
+    computed from the output's whole history.
     """
 
 
@@ -71,10 +89,14 @@ def _result_type(agg: Aggregate, schema: pa.Schema) -> pa.DataType:
         return pa.int64()
     if agg.function == "avg":
         return pa.float64()
-    kind = schema.field(agg.column).type
     if agg.function == "sum":
-        return pa.int64() if pa.types.is_integer(kind) else pa.float64()
-    return kind
+        return _sum_type(agg, schema)
+    return schema.field(agg.column).type
+
+
+def _sum_type(agg: Aggregate, schema: pa.Schema) -> pa.DataType:
+    """What a ``sum`` or ``avg`` adds its values in: exact for integers, float64 for floats."""
+    return EXACT_SUM if pa.types.is_integer(schema.field(agg.column).type) else pa.float64()
 
 
 class Windows:
@@ -215,7 +237,7 @@ class WindowCloser:
                 ones = pa.array(np.ones(rows.num_rows, dtype=np.int64))
                 columns[f"__{i}"] = ones if value is None else pc.cast(pc.is_valid(value), pa.int64())
             elif agg.function in ("sum", "avg"):
-                columns[f"__{i}"] = pc.cast(value, _result_type(Aggregate("", "sum", agg.column), self._input))
+                columns[f"__{i}"] = pc.cast(value, _sum_type(agg, self._input))
                 if agg.function == "avg":
                     columns[f"__{i}n"] = pc.cast(pc.is_valid(value), pa.int64())
             else:
@@ -263,17 +285,40 @@ class WindowCloser:
         for i, agg in enumerate(self.window.parsed):
             value = state.column(f"__{i}")
             if agg.function == "avg":
-                count = state.column(f"__{i}n")
-                total = pc.cast(value, pa.float64())
-                value = pc.if_else(
-                    pc.equal(count, 0), pa.scalar(None, pa.float64()), pc.divide(total, pc.cast(count, pa.float64()))
-                )
+                value = _average(value, state.column(f"__{i}n"))
+            kind = self.table.schema.field(agg.name).type
+            if value.type == EXACT_SUM and kind == pa.int64():  # a table made before sums were exact
+                self._check_fits(agg, value, state, start, end)
             columns[agg.name] = value
         columns[INTO_TS] = pa.array(np.full(n, end - 1, dtype=np.int64))
         table = pa.table(columns).cast(self.table.schema)
         if not self.window.group_by:
             return table
         return table.sort_by([(c, "ascending") for c in self.window.group_by])  # nulls last
+
+    def _check_fits(self, agg: Aggregate, value: pa.ChunkedArray, state: pa.Table, start: int, end: int) -> None:
+        """A sum for the int64 column of an older table: refused, naming its group, if it does not fit."""
+        low, high = pa.scalar(-(2**63), EXACT_SUM), pa.scalar(2**63 - 1, EXACT_SUM)
+        fits = pc.and_(pc.greater_equal(value, low), pc.less_equal(value, high))
+        outside = pc.indices_nonzero(pc.invert(pc.fill_null(fits, True)))
+        if len(outside):
+            at = outside[0].as_py()
+            group = {c: state.column(c)[at].as_py() for c in self.window.group_by}
+            raise SumOutOfRange(
+                f"window {self.window.name!r} [{start}, {end}) group {group}: {agg.name!r} = {agg} is "
+                f"{value[at].as_py()}, beyond the int64 column its table was made with (before sums were exact); "
+                "give the window a new name: its table gets a decimal(38,0) column, computed from the output's history"
+            )
+
+
+def _average(total: pa.ChunkedArray, count: pa.ChunkedArray) -> pa.Array:
+    """``total / count`` per group, null where the count is 0; an exact (decimal) total is divided
+    in Python integers, so the float64 is the correctly rounded quotient whatever its size."""
+    if total.type != EXACT_SUM:
+        quotient = pc.divide(pc.cast(total, pa.float64()), pc.cast(count, pa.float64()))
+        return pc.if_else(pc.equal(count, 0), pa.scalar(None, pa.float64()), quotient)
+    pairs = zip(total.to_pylist(), count.to_pylist(), strict=True)
+    return pa.array([int(t) / n if n else None for t, n in pairs], pa.float64())
 
 
 def _group_ids(state: pa.Table, group_by: list[str]) -> tuple[np.ndarray, pa.Table]:

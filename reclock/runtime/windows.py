@@ -172,10 +172,11 @@ def parse_windows(raw: Any, file: str | None = None) -> tuple[Window, ...]:
 def check_windows(windows: Iterable[Window], outputs: Sequence[Any]) -> None:
     """Each window reads an append output that has the columns it names, of types it can aggregate.
 
-    ``outputs`` are the pipeline's :class:`~reclock.sources.base.Output` values (``_errors``
-    included). An upsert output is refused: its rows are replaced by later ones, so a closed
-    window's content would depend on when it was computed, and a window must be a pure function
-    of the timeline.
+    ``outputs`` are the pipeline's :class:`~reclock.sources.base.Output` values as it writes them:
+    ``_errors`` included, shaped and routed outputs with the columns their transform returns
+    (:func:`~reclock.runtime.shaping.route_outputs`), so ``create`` refuses what ``start`` would.
+    An upsert output is refused: its rows are replaced by later ones, so a closed window's content
+    would depend on when it was computed, and a window must be a pure function of the timeline.
     """
     import pyarrow as pa
 
@@ -195,7 +196,8 @@ def check_windows(windows: Iterable[Window], outputs: Sequence[Any]) -> None:
         schema = output.schema
         for column in window.columns:
             if column not in schema.names:
-                raise ConfigError(f"{where}", f"output {window.output!r} has no column {column!r}")
+                has = ", ".join(schema.names) or "none"
+                raise ConfigError(f"{where}", f"output {window.output!r} has no column {column!r} (it has: {has})")
         for agg in window.parsed:
             if agg.column is None or agg.function in ("count", "first", "last"):
                 continue

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from reclock.cli.main import main
 from reclock.errors import ConfigError
 from reclock.job.config import parse_config
 from reclock.runtime.health import Health
@@ -158,6 +159,42 @@ def test_a_window_must_read_an_append_output_with_its_columns(w, says):
     outputs = [Output("bids", SCHEMA), Output("keyed", SCHEMA, key=("g",), envelope="upsert")]
     with pytest.raises(ConfigError, match=says):
         check_windows([w], outputs)
+
+
+def shaped_pipeline(tmp_path: Path, outputs: str, window: str) -> Path:
+    path = tmp_path / "p.toml"
+    lake = tmp_path / "lake"
+    head = (
+        f'[pipeline]\nname = "orders"\nlake = "{lake}"\nengine = "local"\n[source]\nkind = "generator"\nlimit = 3000\n'
+    )
+    path.write_text(f'{head}{outputs}\n[[windows]]\nname = "w"\nsize_ms = 60000\n{window}')
+    return path
+
+
+def test_a_window_over_a_routed_output_is_created_and_emitted_from_its_shaped_rows(tmp_path):
+    routed = '[outputs.big]\nfrom = "bids"\nsql = "SELECT auction, price * 2 AS doubled FROM input WHERE price > 1000"'
+    window = 'output = "big"\ngroup_by = ["auction"]\n[windows.aggregates]\nn = "count(*)"\ntotal = "sum(doubled)"'
+    assert main(["create", str(shaped_pipeline(tmp_path, routed, window))]) == 0
+    assert main(["--lake", str(tmp_path / "lake"), "start", "orders"]) == 0
+    big = read_rows(DeltaLog(tmp_path / "lake" / "orders" / "outputs" / "big").refresh()).to_pylist()
+    assert big and all(set(r) >= {"auction", "doubled"} and "price" not in r for r in big)
+    want: dict[tuple, list] = {}
+    for r in big:
+        want.setdefault((r["_into_ts"] // 60_000 * 60_000, r["auction"]), []).append(r["doubled"])
+    got = read_rows(DeltaLog(tmp_path / "lake" / "orders" / "windows" / "w").refresh()).to_pylist()
+    assert {(r["_window_start"], r["auction"]): (r["n"], r["total"]) for r in got} == {
+        key: (len(values), sum(values)) for key, values in want.items()
+    }
+
+
+def test_a_window_over_a_column_its_outputs_sql_dropped_is_refused_at_create_in_one_line(tmp_path, capsys):
+    in_place = '[outputs.bids]\nsql = "SELECT auction, bidder FROM input"'
+    window = 'output = "bids"\n[windows.aggregates]\ntotal = "sum(price)"'
+    path = shaped_pipeline(tmp_path, in_place, window)
+    assert main(["create", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{path}: windows.w: output 'bids' has no column 'price'" in err[0], err
+    assert not (tmp_path / "lake" / "orders").exists()
 
 
 def test_windows_in_toml_round_trip_through_the_stored_definition():
