@@ -73,8 +73,9 @@ def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]]) -> 
 
     Each run goes on from what the killed ones committed, so the kills sweep the whole of the
     work at 0.04 s steps: an optimize of three small outputs takes a few tenths of a second after
-    the interpreter's start-up, and coarser steps could jump over every commit but the last. After every kill the rows must be exactly ``rows``; returns the live
-    output files seen after each run.
+    the interpreter's start-up, and coarser steps could jump over every commit but the last.
+    After every kill the rows must be exactly ``rows``; returns the live output files seen after
+    each run.
     """
     seen = []
     delay = 0.4
