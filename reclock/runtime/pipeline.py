@@ -36,7 +36,6 @@ import pyarrow as pa
 from reclock.errors import (
     ConfigError,
     DefiniteSourceError,
-    ErrorKind,
     FencedError,
     TransientError,
     describe,
@@ -47,6 +46,7 @@ from reclock.persist.layout import OutputLayout, output_layouts
 from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
+from reclock.runtime.failures import Verdict, decide
 from reclock.runtime.health import Health
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain
@@ -290,26 +290,25 @@ class Pipeline:
             except Interrupted:
                 break
             except BatchFailed as exc:
-                data = ErrorKind.DATA in exc.kinds
-                spent = data and attempts >= self.settings.max_retries
-                if exc.kinds & {ErrorKind.INVARIANT, ErrorKind.DEFINITE} or (spent and self.settings.stop_on_error):
+                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.report.binding_ts]
+                decision = decide(exc.kinds, attempts, self.settings, holders)
+                if decision.verdict is Verdict.FAIL:
                     self._fail(exc)
                     observe(exc.report)
                     raise
-                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.report.binding_ts]
-                if spent and holders:
+                if decision.verdict is Verdict.FAIL_HELD:
                     # A crash between two outputs' commits, then the range turned unreadable: the
                     # rows already landed, so recording the range as skipped would count them twice.
                     self._fail(
                         DefiniteSourceError(
-                            f"batch {exc.report.binding_ts} cannot be skipped: output {holders[0]!r} already holds "
-                            f"it, and its source range can no longer be read to finish the others ({exc})"
+                            f"batch {exc.report.binding_ts} cannot be skipped: output {decision.held_by!r} already "
+                            f"holds it, and its source range can no longer be read to finish the others ({exc})"
                         )
                     )
                     observe(exc.report)
                     raise
-                attempts += 1 if data else 0
-                if data and attempts > self.settings.max_retries:
+                attempts = decision.attempts
+                if decision.verdict is Verdict.SKIP:
                     self._mark_stalled(exc)
                     observe(exc.report)
                     try:
