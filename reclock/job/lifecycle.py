@@ -18,7 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any, TextIO, TypeAlias
 
 from reclock.errors import ConfigError, StorageError
 from reclock.job import status_rows
@@ -50,6 +51,9 @@ from reclock.timeline.resume import resume_upper
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
 
 log = logging.getLogger("reclock.job")
+
+#: What ``signal.signal`` returns and takes back: a handler, ``SIG_DFL``/``SIG_IGN``, or ``None``.
+_Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 
 
 def create(
@@ -259,10 +263,13 @@ def _run_leased(
         shapes=config.shapes,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
+
+    def beat() -> None:
+        if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
+            _heartbeat(lake, status)
+
     watcher = threading.Thread(
-        target=_watch,
-        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: lease.lost or _heartbeat(lake, status)),
-        daemon=True,
+        target=_watch, args=(lambda: lake.store.exists(stop_file), stop, max_seconds, beat), daemon=True
     )
     watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days)
@@ -355,10 +362,10 @@ def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
     return plane
 
 
-def _on_signals(stop: threading.Event) -> dict[int, object]:
+def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {}
+    previous: dict[signal.Signals, _Handler] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, lambda *_: stop.set())
     return previous

@@ -290,7 +290,7 @@ class Pipeline:
             except Interrupted:
                 break
             except BatchFailed as exc:
-                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.report.binding_ts]
+                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.binding_ts]
                 decision = decide(exc.kinds, attempts, self.settings, holders)
                 if decision.verdict is Verdict.FAIL:
                     self._fail(exc)
@@ -450,6 +450,7 @@ class Pipeline:
 
     def _skip(self, report: BatchReport, attempts: int) -> None:
         """Give up the failed splits of a batch, durably, before anything of it commits."""
+        assert report.binding_ts is not None, "only a planned batch fails"
         skips = [
             Skip(
                 report.binding_ts,
