@@ -38,8 +38,7 @@ from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
 from reclock.runtime import logs
 from reclock.runtime.health import Health
-from reclock.runtime.maintenance import MaintenanceReport
-from reclock.runtime.maintenance import maintain as run_maintenance
+from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.runtime.windows import check_windows
@@ -48,7 +47,7 @@ from reclock.sources.files import FilesSource
 from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
 
-__all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
+__all__ = ["create", "drop_file", "file_states", "lake_of", "load", "maintain_pipeline", "request_stop", "run"]
 
 log = logging.getLogger("reclock.job")
 
@@ -139,7 +138,7 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
     return generations[path]
 
 
-def maintain(
+def maintain_pipeline(
     lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_minutes: int | None = None
 ) -> MaintenanceReport:
     """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
@@ -157,7 +156,7 @@ def maintain(
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name), lake.store)
-        return run_maintenance(
+        return maintain_tables(
             remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum, fence=lease.check
         )
     finally:

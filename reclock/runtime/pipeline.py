@@ -49,7 +49,7 @@ from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_
 from reclock.runtime.failures import Verdict, decide
 from reclock.runtime.health import Health
 from reclock.runtime.logs import BATCH_ID, batch_scope
-from reclock.runtime.maintenance import MaintenanceReport, maintain
+from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
 from reclock.runtime.outputs import outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane
@@ -194,11 +194,11 @@ class Pipeline:
         return report
 
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
-        """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
+        """Compact the remap table, optimize and vacuum every output now (see :func:`maintain_tables`)."""
         self._batches_since_maintenance = 0
         outputs = {name: sink.path for name, sink in self.sinks.items()}
         outputs |= self.windows.paths()  # a commit per pass too
-        report = maintain(
+        report = maintain_tables(
             self.remap,
             outputs,
             self.resume_upper,
