@@ -9,10 +9,10 @@ catch-up. Only when every output is current does it move on:
    source still advances time every ``idle_interval`` so quiet pipelines never hold back a
    consistent read; a bounded source whose end is bound gets a closing binding;
 3. **plan**: the batch starts at the slowest output, ``lower = R(min_e upper_e - 1)``, and covers
-   the pending bindings up to ``hi`` (as many as fit in ``max_batch``, at least one);
-4. **write**: the data plane reads ``splits(lower, R(hi))``, stamps, drops what an output already
-   holds and writes parquet files;
-5. **commit** each output once, labelled ``hi``; an output that already holds ``hi`` is skipped;
+   the pending bindings (as many as fit in ``max_batch``, at least one) up to ``binding_ts``, its id;
+4. **write**: the data plane reads ``splits(lower, R(binding_ts))``, stamps, drops what an output
+   already holds and writes parquet files;
+5. **commit** each output once, labelled ``binding_ts``; an output that already holds it is skipped;
 6. **resume**: the resume frontier ``R(min_e upper_e - 1)`` goes to ``source.commit`` (advisory).
 
 Every ``maintenance.every`` batches the step then maintains the tables (:mod:`reclock.runtime.maintenance`),
@@ -362,10 +362,10 @@ class Pipeline:
         batch = plan_batch(bindings, lo, self.settings.max_batch)
         if batch is None:
             return BatchReport()
-        hi, lower, upper = batch.hi, batch.lower, batch.upper
-        BATCH_ID.set(hi)
+        binding_ts, lower, upper = batch.binding_ts, batch.lower, batch.upper
+        BATCH_ID.set(binding_ts)
         moved = batch.moved
-        skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= hi]
+        skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= binding_ts]
         splits = without_skips(self.source.splits(lower, upper), skips) if moved else []
         plan = BatchPlan(
             source=self.source,
@@ -381,7 +381,9 @@ class Pipeline:
             routes=self.routes,
         )
         started = wall_clock_ms()
-        report = BatchReport(hi, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started)
+        report = BatchReport(
+            binding_ts, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started
+        )
         report.phases["plan"], clock = _ms_since(clock)
         self._on_start(report)
         # Step 4: write.
@@ -407,7 +409,7 @@ class Pipeline:
             by_output[f.output].append(f)
         try:
             refuse_new_fields(
-                self.name, hi, {n: (self.layouts[n], fs) for n, fs in by_output.items() if n in self.layouts}
+                self.name, binding_ts, {n: (self.layouts[n], fs) for n, fs in by_output.items() if n in self.layouts}
             )
         except SchemaEvolutionError as exc:
             for f in files:
@@ -416,9 +418,9 @@ class Pipeline:
             report.error = str(exc)
             raise
         for name, sink in self.sinks.items():
-            if sink.upper <= hi:
+            if sink.upper <= binding_ts:
                 self._fence()
-                sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
+                sink.commit(by_output[name], binding_ts, planned_upper=plan.uppers[name])
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())
