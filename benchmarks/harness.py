@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RESULTS", "Ratio", "ScenarioResult", "machine", "median_time", "write_report"]
+__all__ = ["RESULTS", "Ratio", "ScenarioResult", "figure", "machine", "median_time", "save_figure", "write_report"]
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -123,3 +123,23 @@ def write_report(results: list[ScenarioResult]) -> Path:
     path = RESULTS / "results.md"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def figure(width: float = 6.5, height: float = 3.8, columns: int = 1) -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, columns, figsize=(width, height))
+
+
+def save_figure(fig: Any, name: str) -> str:
+    import matplotlib.pyplot as plt
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

@@ -4,7 +4,7 @@ with reclock until every record is committed.
 Producing many partitions with kafka-python means one batch buffer per partition in its
 accumulator and about 27k records/s from Python; librdkafka's producer fills a 1,000-partition
 topic in about a second here, with end offsets taken from its delivery reports (Tansu's
-``ListOffsets(LATEST)`` cannot be trusted, see :func:`benchmarks.common.produce`).
+``ListOffsets(LATEST)`` cannot be trusted, see :func:`benchmarks.fixtures.produce`).
 
 :func:`land` is what ``kafka_e2e`` and ``kafka_partitions`` time for reclock: a fresh lake, a
 :class:`~reclock.runtime.pipeline.Pipeline` over a :class:`~reclock.sources.kafka.KafkaSource` (JSON) on the data
@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.common import EVENT_SCHEMA, delta_commits, event_values, workdir
+from benchmarks.fixtures import EVENT_SCHEMA, event_values, workdir
+from benchmarks.readback import delta_commits
 
 __all__ = ["Landing", "land", "produce_librdkafka"]
 

@@ -120,8 +120,9 @@ def read_as_of(
     return out
 
 
+# A str is a Sequence[str] too, so the two overloads overlap; the str one is listed first and wins.
 @overload
-def read_as_of_spark(
+def read_as_of_spark(  # type: ignore[overload-overlap]
     spark: SparkSession,
     lake: LakeLike,
     pipeline: str,

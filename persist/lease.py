@@ -196,7 +196,8 @@ class Lease:
         """After a failed compare: our own write whose answer we missed, or a takeover."""
         found = conditional.read(self.lake.store, self._path)
         current = None if found is None else LeaseRecord.from_json(found[0])
-        if current is not None and current.holder.token == self.record.holder.token and not current.released:
+        ours = current is not None and current.holder.token == self.record.holder.token and not current.released
+        if found is not None and ours:
             self._tag = found[1]
             return
         by = f"by {current.holder.describe()}" if current is not None else "(the lease file is gone)"

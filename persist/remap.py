@@ -283,6 +283,7 @@ def _skip_rows(skips: list[Skip]) -> pa.Table:
 
 
 def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier, *, note: str | None = None) -> pa.Table:
+    rows: list[tuple[str | None, int | None, bool]]
     if frontier.is_closed:
         rows = [(None, None, True)]
     else:

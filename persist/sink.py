@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
-from deltalake.schema import Field
-from deltalake.transaction import AddAction
+from deltalake.schema import Field, PrimitiveType
+from deltalake.transaction import AddAction, RemoveAction
 
 from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields
@@ -146,7 +146,7 @@ def append_unlabelled(path: LakePath, files: list[DataFile], store: Store = LOCA
     """
     table = store.open_table(path)
     now_ms = wall_clock_ms()
-    actions = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
+    actions: list[AddAction | RemoveAction] = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
     properties = CommitProperties(custom_metadata={"reclock.note": note})
     with lake_io(f"appending to output table {_root(path).name}"):
         table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=properties)
@@ -218,7 +218,7 @@ class OutputSink:
             )
         present = pa.schema(self._table.schema().to_arrow()).names
         if RESCUED in self.schema.names and RESCUED not in present:  # an output switched to 'rescue'
-            self._table.alter.add_columns(Field(RESCUED, "string", nullable=True))
+            self._table.alter.add_columns(Field(RESCUED, PrimitiveType("string"), nullable=True))
         added = [f for f in pa.schema(self._table.schema().to_arrow()) if f.name not in self.schema.names]
         if added:
             self.schema = pa.schema([*self.schema, *(pa.field(f.name, pa.string()) for f in added)])
@@ -307,13 +307,15 @@ class OutputSink:
             self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
             self._discard(files)
         elif self.staging is not None and files:
-            self._merge(table, files, properties)
+            self._merge(table, self.staging, files, properties)
             table.update_incremental()
             if _label_upper(table, self.app_id) <= binding_ts:
                 # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
         else:
-            actions = [AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files]
+            actions: list[AddAction | RemoveAction] = [
+                AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files
+            ]
             table.create_write_transaction(
                 actions,
                 mode="append",
@@ -322,9 +324,10 @@ class OutputSink:
                 commit_properties=properties,
             )
 
-    def _merge(self, table: DeltaTable, files: list[DataFile], properties: CommitProperties) -> None:
-        """One MERGE of the latest staged record per key, on the snapshot the label was read from."""
-        staged = self.store.read_parquet([str(self.staging / f.path) for f in files], schema=self.write_schema)
+    def _merge(self, table: DeltaTable, staging: LakePath, files: list[DataFile], properties: CommitProperties) -> None:
+        """One MERGE of the latest staged record per key (``files``, in ``staging``), on the snapshot
+        the label was read from."""
+        staged = self.store.read_parquet([str(staging / f.path) for f in files], schema=self.write_schema)
         order = staged.append_column("__order", pa.array(range(staged.num_rows), pa.int64()))
         order = order.sort_by([(INTO_TS, "ascending"), (OFFSET, "ascending"), ("__order", "ascending")])
         order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))

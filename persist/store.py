@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -256,7 +256,7 @@ class Store:
         """Read parquet files named by local paths or by URIs of this store (``file_uris()``)."""
         if not self.remote:
             return pq.read_table(files, **kwargs)
-        located = [self.locate(f).location for f in files]
+        located = [cast(StorePath, self.locate(f)).location for f in files]  # a remote store's URIs
         return pq.read_table(located, filesystem=self.filesystem(), **kwargs)
 
     def locate(self, uri: str) -> LakePath:

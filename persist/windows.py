@@ -151,7 +151,7 @@ class InputScan:
             hi = row.get(hi_name) if hi_name in names else None
             if lo is None or hi is None:
                 lo, hi = self._bounds(location)
-            if lo is not None:
+            if lo is not None and hi is not None:  # both or neither: an empty file has no bounds
                 files.append(_File(location, lo, hi))
         self._files = files
 

@@ -78,9 +78,10 @@ class PartitionedOffsets:
                 f"stream reader offset {dict(offset)!r} is not {{key: int}} (key {bad[0]!r}); "
                 "give StreamReaderSource an OrderedOffsets codec for offsets of another shape"
             )
-        return Frontier(dict(offset))
+        return Frontier({key: count for key, count in offset.items()})
 
     def to_offset(self, partition: Partition, position: int) -> dict[str, Any]:
+        assert isinstance(partition, str), "to_frontier made every partition a key of the reader's offset"
         return {partition: position}
 
 
@@ -144,7 +145,8 @@ class StreamReaderSource(SourceBase):
         (reclock's backpressure, ``max_batch``, cuts the range afterwards)."""
         latest = self.reader.latestOffset
         takes_start = len(inspect.signature(latest).parameters) >= 2
-        self._latest = latest(self._latest, ReadAllAvailable()) if takes_start else latest()
+        # pyspark 4's latestOffset(start, limit); a reader written for 3.5 has latestOffset().
+        self._latest = latest(self._latest, ReadAllAvailable()) if takes_start else latest()  # type: ignore[call-arg]
         return self.codec.to_frontier(self._latest)
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:

@@ -30,19 +30,10 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from benchmarks.baselines import spark_file_stream
-from benchmarks.common import (
-    EVENT_SCHEMA,
-    alternate,
-    delta_commits,
-    event_values,
-    figure,
-    load_average,
-    median,
-    save_figure,
-    spark,
-    workdir,
-)
-from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.fixtures import EVENT_SCHEMA, event_values, spark, workdir
+from benchmarks.harness import Ratio, ScenarioResult, figure, save_figure
+from benchmarks.measure import alternate, load_average, median
+from benchmarks.readback import delta_commits
 
 __all__ = ["run"]
 

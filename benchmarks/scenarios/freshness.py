@@ -35,24 +35,20 @@ from typing import Any
 import numpy as np
 import pyarrow.parquet as pq
 
-from benchmarks.common import (
+from benchmarks.fixtures import (
     EVENT_COLUMNS,
     EVENT_SCHEMA,
     broker,
     create_topics,
-    delta_commits,
-    figure,
-    load_average,
-    median,
-    percentile,
     produced,
-    save_figure,
     spark,
     steady_producer,
     wait_until,
     workdir,
 )
-from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.harness import Ratio, ScenarioResult, figure, save_figure
+from benchmarks.measure import load_average, median, percentile
+from benchmarks.readback import delta_commits
 
 __all__ = ["run"]
 

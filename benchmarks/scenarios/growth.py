@@ -32,8 +32,8 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 
-from benchmarks.common import figure, save_figure, workdir
-from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.fixtures import workdir
+from benchmarks.harness import Ratio, ScenarioResult, figure, save_figure
 from reclock.persist.maintenance import set_retention
 from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.planes import LocalDataPlane

@@ -29,7 +29,7 @@ so fixed costs count.
 ``BENCH_PROFILE=1`` adds one profiled reclock run: py-spy samples the driver and every Spark
 Python worker (``--subprocesses``) and writes ``results/kafka_e2e_profile.txt`` (collapsed stacks)
 , ``results/kafka_e2e_profile.svg`` (a flame graph) and ``results/kafka_e2e_profile_summary.txt``
-(where the CPU went, per process kind; see :func:`benchmarks.common.summarize_profile`).
+(where the CPU went, per process kind; see :func:`benchmarks.profiling.summarize_profile`).
 """
 
 from __future__ import annotations
@@ -44,27 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.baselines import confluent_consume, confluent_pipeline, naive_pipeline, raw_client
-from benchmarks.common import (
-    EVENT_SCHEMA,
-    alternate,
-    broker,
-    delta_commits,
-    event_values,
-    figure,
-    kafka_python_decode,
-    lean_decode,
-    load_average,
-    median,
-    produced,
-    record_batches,
-    save_figure,
-    spark,
-    summarize_profile,
-    tree_cpu_seconds,
-    workdir,
-)
-from benchmarks.harness import RESULTS, Ratio, ScenarioResult, median_time
+from benchmarks.fixtures import EVENT_SCHEMA, broker, event_values, produced, spark, workdir
+from benchmarks.harness import RESULTS, Ratio, ScenarioResult, figure, median_time, save_figure
 from benchmarks.landing import land
+from benchmarks.measure import alternate, load_average, median, tree_cpu_seconds
+from benchmarks.profiling import summarize_profile
+from benchmarks.readback import delta_commits
+from benchmarks.record_batches import kafka_python_decode, lean_decode, record_batches
 
 __all__ = ["run"]
 

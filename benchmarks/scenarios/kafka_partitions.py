@@ -24,19 +24,10 @@ import time
 from typing import Any
 
 from benchmarks.baselines import confluent_consume
-from benchmarks.common import (
-    alternate,
-    broker,
-    create_topics,
-    figure,
-    load_average,
-    median,
-    save_figure,
-    spark,
-    tree_cpu_seconds,
-)
-from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.fixtures import broker, create_topics, spark
+from benchmarks.harness import Ratio, ScenarioResult, figure, save_figure
 from benchmarks.landing import land, produce_librdkafka
+from benchmarks.measure import alternate, load_average, median, tree_cpu_seconds
 
 __all__ = ["run"]
 

@@ -22,8 +22,9 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import TreeSampler, figure, load_average, median, save_figure, workdir
-from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.fixtures import workdir
+from benchmarks.harness import Ratio, ScenarioResult, figure, save_figure
+from benchmarks.measure import TreeSampler, load_average, median
 
 __all__ = ["run"]
 

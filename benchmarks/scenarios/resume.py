@@ -30,17 +30,10 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import (
-    assert_exactly_once,
-    delta_commits,
-    figure,
-    load_average,
-    median,
-    save_figure,
-    wait_until,
-    workdir,
-)
-from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.fixtures import wait_until, workdir
+from benchmarks.harness import Ratio, ScenarioResult, figure, save_figure
+from benchmarks.measure import load_average, median
+from benchmarks.readback import assert_exactly_once, delta_commits
 
 __all__ = ["run"]
 

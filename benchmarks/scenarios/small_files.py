@@ -37,8 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import alternate, delta_commits, load_average, median, spark, tree_cpu_seconds, workdir
+from benchmarks.fixtures import spark, workdir
 from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.measure import alternate, load_average, median, tree_cpu_seconds
+from benchmarks.readback import delta_commits
 
 __all__ = ["run"]
 

@@ -283,7 +283,7 @@ def _drop_file(args: argparse.Namespace) -> int:
 
 
 def _maintain(args: argparse.Namespace) -> int:
-    report = lifecycle.maintain(
+    report = lifecycle.maintain_pipeline(
         _lake(args), args.name, optimize=args.optimize, vacuum=args.vacuum, history_minutes=args.history_minutes
     )
     if args.optimize:

@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 
 import pyarrow as pa
@@ -239,7 +240,7 @@ def when(ms: int | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000)) + f".{ms % 1000:03d}"
 
 
-def table(header: list[str], rows: list[list[object]]) -> str:
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     cells = [header, *[[str(c) for c in row] for row in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeGuard
 
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
@@ -163,7 +164,7 @@ def drop_refusal(states: Iterable[FileStatus], path: str, generation: int) -> st
     return "has not loaded it yet"
 
 
-def _is_file(partition: Partition) -> bool:
+def _is_file(partition: Partition) -> TypeGuard[tuple[str, int]]:
     return (
         isinstance(partition, tuple)
         and len(partition) == 2

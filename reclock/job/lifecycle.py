@@ -18,7 +18,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
-from typing import Any, TextIO
+from types import FrameType
+from typing import Any, TextIO, TypeAlias
 
 from reclock.errors import ConfigError, StorageError
 from reclock.job import status_rows
@@ -37,8 +38,7 @@ from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
 from reclock.runtime import logs
 from reclock.runtime.health import Health
-from reclock.runtime.maintenance import MaintenanceReport
-from reclock.runtime.maintenance import maintain as run_maintenance
+from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.outputs import outputs_of
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
@@ -49,9 +49,12 @@ from reclock.sources.files import FilesSource
 from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
 
-__all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
+__all__ = ["create", "drop_file", "file_states", "lake_of", "load", "maintain_pipeline", "request_stop", "run"]
 
 log = logging.getLogger("reclock.job")
+
+#: What ``signal.signal`` returns and takes back: a handler, ``SIG_DFL``/``SIG_IGN``, or ``None``.
+_Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 
 
 def create(
@@ -138,7 +141,7 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
     return generations[path]
 
 
-def maintain(
+def maintain_pipeline(
     lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_minutes: int | None = None
 ) -> MaintenanceReport:
     """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
@@ -156,7 +159,7 @@ def maintain(
         outputs = {output: lake.output_path(name, output) for output in lake.outputs(name)}
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name), lake.store)
-        return run_maintenance(
+        return maintain_tables(
             remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum, fence=lease.check
         )
     finally:
@@ -262,10 +265,13 @@ def _run_leased(
         shapes=config.shapes,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
+
+    def beat() -> None:
+        if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
+            _heartbeat(lake, status)
+
     watcher = threading.Thread(
-        target=_watch,
-        args=(lambda: lake.store.exists(stop_file), stop, max_seconds, lambda: lease.lost or _heartbeat(lake, status)),
-        daemon=True,
+        target=_watch, args=(lambda: lake.store.exists(stop_file), stop, max_seconds, beat), daemon=True
     )
     watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days)
@@ -358,10 +364,10 @@ def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
     return plane
 
 
-def _on_signals(stop: threading.Event) -> dict[int, object]:
+def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
     if threading.current_thread() is not threading.main_thread():
         return {}
-    previous = {}
+    previous: dict[signal.Signals, _Handler] = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, lambda *_: stop.set())
     return previous

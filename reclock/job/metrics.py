@@ -24,6 +24,7 @@ says otherwise.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
@@ -85,7 +86,7 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def observe(self, report: BatchReport) -> None:
         """Called by the job after each step, once the batch's commits are visible."""
@@ -108,8 +109,9 @@ class Metrics:
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
         """Serve ``/metrics`` on ``host``:``port`` (0 picks a free port); returns the port."""
-        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return self._server.server_address[1]
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        self._server = server
+        return server.server_address[1]
 
     def close(self) -> None:
         if self._server is not None:

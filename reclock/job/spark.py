@@ -63,7 +63,9 @@ def spark_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel(spark_log_level())
-    if ship and runs_elsewhere(session.sparkContext.master):
+    running = session.sparkContext.master  # spark-submit's under it, not ``master``
+    assert running is not None, "a started Spark session has a master"
+    if ship and runs_elsewhere(running):
         folder = tempfile.mkdtemp(prefix="reclock-ship-")
         atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served to executors until the job ends
         session.sparkContext.addPyFile(str(code_archive(ship, Path(folder) / "reclock-code.zip")))

@@ -97,10 +97,11 @@ class _TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         where = []
-        if getattr(record, "pipeline", None):
-            where.append(record.pipeline)
-        if getattr(record, "batch_id", None) is not None:
-            where.append(f"batch {record.batch_id}")
+        pipeline, batch_id = getattr(record, "pipeline", None), getattr(record, "batch_id", None)
+        if pipeline:
+            where.append(pipeline)
+        if batch_id is not None:
+            where.append(f"batch {batch_id}")
         context = f" [{' '.join(where)}]" if where else ""
         line = f"{_utc(record.created)} {record.levelname} {record.name}{context} {record.getMessage()}"
         if record.exc_info:

@@ -18,7 +18,7 @@ lists the whole ``_delta_log`` folder in every commit, about 17 µs per entry (d
 each retained commit makes every later commit slower; a window holds ``minutes x commits per
 minute`` entries per table, and the cost of a batch is flat in age but grows with the window.
 
-The job runs :func:`maintain` itself every ``every`` batches, in its batch loop, between one
+The job runs :func:`maintain_tables` itself every ``every`` batches, in its batch loop, between one
 batch's commits and the next batch's mint, so it never races its own commits; ``reclock optimize``
 and ``reclock vacuum`` run it by hand on a stopped pipeline.
 """
@@ -35,7 +35,7 @@ from reclock.persist.store import LakePath
 from reclock.runtime.settings import Maintenance
 from reclock.timeline.frontier import IntoTime
 
-__all__ = ["MaintenanceReport", "maintain"]
+__all__ = ["MaintenanceReport", "maintain_tables"]
 
 _MINUTE_MS = 60_000
 
@@ -50,7 +50,7 @@ class MaintenanceReport:
     duration_ms: int = 0
 
 
-def maintain(
+def maintain_tables(
     remap: RemapTable,
     outputs: Mapping[str, LakePath],
     resume_upper: IntoTime,

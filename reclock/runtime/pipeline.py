@@ -9,10 +9,10 @@ catch-up. Only when every output is current does it move on:
    source still advances time every ``idle_interval`` so quiet pipelines never hold back a
    consistent read; a bounded source whose end is bound gets a closing binding;
 3. **plan**: the batch starts at the slowest output, ``lower = R(min_e upper_e - 1)``, and covers
-   the pending bindings up to ``hi`` (as many as fit in ``max_batch``, at least one);
-4. **write**: the data plane reads ``splits(lower, R(hi))``, stamps, drops what an output already
-   holds and writes parquet files;
-5. **commit** each output once, labelled ``hi``; an output that already holds ``hi`` is skipped;
+   the pending bindings (as many as fit in ``max_batch``, at least one) up to ``binding_ts``, its id;
+4. **write**: the data plane reads ``splits(lower, R(binding_ts))``, stamps, drops what an output
+   already holds and writes parquet files;
+5. **commit** each output once, labelled ``binding_ts``; an output that already holds it is skipped;
 6. **resume**: the resume frontier ``R(min_e upper_e - 1)`` goes to ``source.commit`` (advisory).
 
 Every ``maintenance.every`` batches the step then maintains the tables (:mod:`reclock.runtime.maintenance`),
@@ -36,7 +36,6 @@ import pyarrow as pa
 from reclock.errors import (
     ConfigError,
     DefiniteSourceError,
-    ErrorKind,
     FencedError,
     TransientError,
     describe,
@@ -47,9 +46,10 @@ from reclock.persist.layout import OutputLayout, output_layouts
 from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
+from reclock.runtime.failures import Verdict, decide
 from reclock.runtime.health import Health
 from reclock.runtime.logs import BATCH_ID, batch_scope
-from reclock.runtime.maintenance import MaintenanceReport, maintain
+from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
 from reclock.runtime.outputs import outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane
@@ -194,11 +194,11 @@ class Pipeline:
         return report
 
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
-        """Compact the remap table, optimize and vacuum every output now (see :func:`maintain`)."""
+        """Compact the remap table, optimize and vacuum every output now (see :func:`maintain_tables`)."""
         self._batches_since_maintenance = 0
         outputs = {name: sink.path for name, sink in self.sinks.items()}
         outputs |= self.windows.paths()  # a commit per pass too
-        report = maintain(
+        report = maintain_tables(
             self.remap,
             outputs,
             self.resume_upper,
@@ -290,26 +290,25 @@ class Pipeline:
             except Interrupted:
                 break
             except BatchFailed as exc:
-                data = ErrorKind.DATA in exc.kinds
-                spent = data and attempts >= self.settings.max_retries
-                if exc.kinds & {ErrorKind.INVARIANT, ErrorKind.DEFINITE} or (spent and self.settings.stop_on_error):
+                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.binding_ts]
+                decision = decide(exc.kinds, attempts, self.settings, holders)
+                if decision.verdict is Verdict.FAIL:
                     self._fail(exc)
                     observe(exc.report)
                     raise
-                holders = [name for name, sink in self.sinks.items() if sink.upper > exc.report.binding_ts]
-                if spent and holders:
+                if decision.verdict is Verdict.FAIL_HELD:
                     # A crash between two outputs' commits, then the range turned unreadable: the
                     # rows already landed, so recording the range as skipped would count them twice.
                     self._fail(
                         DefiniteSourceError(
-                            f"batch {exc.report.binding_ts} cannot be skipped: output {holders[0]!r} already holds "
-                            f"it, and its source range can no longer be read to finish the others ({exc})"
+                            f"batch {exc.report.binding_ts} cannot be skipped: output {decision.held_by!r} already "
+                            f"holds it, and its source range can no longer be read to finish the others ({exc})"
                         )
                     )
                     observe(exc.report)
                     raise
-                attempts += 1 if data else 0
-                if data and attempts > self.settings.max_retries:
+                attempts = decision.attempts
+                if decision.verdict is Verdict.SKIP:
                     self._mark_stalled(exc)
                     observe(exc.report)
                     try:
@@ -363,10 +362,10 @@ class Pipeline:
         batch = plan_batch(bindings, lo, self.settings.max_batch)
         if batch is None:
             return BatchReport()
-        hi, lower, upper = batch.hi, batch.lower, batch.upper
-        BATCH_ID.set(hi)
+        binding_ts, lower, upper = batch.binding_ts, batch.lower, batch.upper
+        BATCH_ID.set(binding_ts)
         moved = batch.moved
-        skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= hi]
+        skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= binding_ts]
         splits = without_skips(self.source.splits(lower, upper), skips) if moved else []
         plan = BatchPlan(
             source=self.source,
@@ -382,7 +381,9 @@ class Pipeline:
             routes=self.routes,
         )
         started = wall_clock_ms()
-        report = BatchReport(hi, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started)
+        report = BatchReport(
+            binding_ts, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started
+        )
         report.phases["plan"], clock = _ms_since(clock)
         self._on_start(report)
         # Step 4: write.
@@ -408,7 +409,7 @@ class Pipeline:
             by_output[f.output].append(f)
         try:
             refuse_new_fields(
-                self.name, hi, {n: (self.layouts[n], fs) for n, fs in by_output.items() if n in self.layouts}
+                self.name, binding_ts, {n: (self.layouts[n], fs) for n, fs in by_output.items() if n in self.layouts}
             )
         except SchemaEvolutionError as exc:
             for f in files:
@@ -417,9 +418,9 @@ class Pipeline:
             report.error = str(exc)
             raise
         for name, sink in self.sinks.items():
-            if sink.upper <= hi:
+            if sink.upper <= binding_ts:
                 self._fence()
-                sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
+                sink.commit(by_output[name], binding_ts, planned_upper=plan.uppers[name])
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())
@@ -451,6 +452,7 @@ class Pipeline:
 
     def _skip(self, report: BatchReport, attempts: int) -> None:
         """Give up the failed splits of a batch, durably, before anything of it commits."""
+        assert report.binding_ts is not None, "only a planned batch fails"
         skips = [
             Skip(
                 report.binding_ts,

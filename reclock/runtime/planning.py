@@ -22,9 +22,9 @@ __all__ = ["BatchRange", "in_split_order", "plan_batch", "without_skips"]
 
 @dataclass(frozen=True)
 class BatchRange:
-    """The bindings a batch covers, up to ``hi``, and the source range ``[lower, upper)``."""
+    """The bindings a batch covers, up to ``binding_ts``, and the source range ``[lower, upper)``."""
 
-    hi: IntoTime
+    binding_ts: IntoTime
     lower: Frontier
     upper: Frontier
 
@@ -40,16 +40,16 @@ def plan_batch(bindings: Bindings, resume_upper: IntoTime, max_batch: int) -> Ba
     if not pending:
         return None
     lower = bindings.source_upper_at(resume_upper)
-    hi = pending[0]
+    binding_ts = pending[0]
     for t in pending[1:]:
         frontier = bindings.source_upper_at(t + 1)
         if frontier.is_closed or lower.count_to(frontier) > max_batch:
             break
-        hi = t
-    upper = bindings.source_upper_at(hi + 1)
+        binding_ts = t
+    upper = bindings.source_upper_at(binding_ts + 1)
     if upper.is_closed:
-        upper = bindings.source_upper_at(hi)
-    return BatchRange(hi, lower, upper)
+        upper = bindings.source_upper_at(binding_ts)
+    return BatchRange(binding_ts, lower, upper)
 
 
 def in_split_order(results: list[SplitResult], splits: Sequence[Split]) -> list[SplitResult]:

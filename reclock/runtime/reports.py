@@ -55,9 +55,11 @@ class BatchFailed(ReclockError):
     """Some splits of a batch failed; nothing of the batch was committed."""
 
     def __init__(self, report: BatchReport) -> None:
+        assert report.binding_ts is not None, "only a planned batch can fail"
         self.report = report
+        self.binding_ts: IntoTime = report.binding_ts
         failed = [r for r in report.results if r.error]
-        self.kinds = {r.error_kind for r in failed}
+        self.kinds = {r.error_kind for r in failed if r.error_kind is not None}  # a task's error has a kind
         first = failed[0]
         super().__init__(
             f"batch {report.binding_ts}: {len(failed)} of {len(report.results)} splits failed; first: partition "

@@ -107,24 +107,34 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
     started = time.time()
     task = _Task(plan)
-    stats = {"rows": 0, "filtered": 0, "bytes_read": 0, "earliest": None, "latest": None}
+    rows = bytes_read = 0
+    earliest: int | None = None
+    latest: int | None = None
     try:
         partition = encode_partition(split.partition)
         for output, batch in plan.source.read(split):
-            stats["bytes_read"] += batch.nbytes
+            bytes_read += batch.nbytes
             if batch.num_rows:
                 offsets = batch.column(OFFSET)
                 lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
-                stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
-                stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
-            stats["rows"] += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
+                earliest = lo if earliest is None else min(earliest, lo)
+                latest = hi if latest is None else max(latest, hi)
+            rows += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
         files = task.finish()
-        stats["filtered"] = sum(t.num_rows for t in task.filtered)
+        filtered = sum(t.num_rows for t in task.filtered)
     except Exception as exc:
         task.discard()
         return _failed(split, started, exc)
     return SplitResult(
-        split, files, started_ms=int(started * 1000), duration_ms=int((time.time() - started) * 1000), **stats
+        split,
+        files,
+        rows=rows,
+        filtered=filtered,
+        bytes_read=bytes_read,
+        earliest=earliest,
+        latest=latest,
+        started_ms=int(started * 1000),
+        duration_ms=int((time.time() - started) * 1000),
     )
 
 
@@ -276,8 +286,9 @@ class _Owners:
         per_row = batch.nbytes / max(batch.num_rows, 1)
         for i, offsets in self._owned(batch.column(PARTITION), batch.column(OFFSET)):
             lo, hi = int(offsets.min()), int(offsets.max())
-            self.earliest[i] = lo if self.earliest[i] is None else min(self.earliest[i], lo)  # type: ignore[type-var]
-            self.latest[i] = hi if self.latest[i] is None else max(self.latest[i], hi)  # type: ignore[type-var]
+            earliest, latest = self.earliest[i], self.latest[i]
+            self.earliest[i] = lo if earliest is None else min(earliest, lo)
+            self.latest[i] = hi if latest is None else max(latest, hi)
             self.bytes[i] += int(per_row * len(offsets))
 
     def landed(self, table: pa.Table) -> None:

@@ -217,7 +217,7 @@ def _avro_type(node: Any, named: dict[str, Any], field: str) -> Any:
                 field, f"Avro decimal precision {precision} exceeds Delta's maximum of {_MAX_DECIMAL_PRECISION}"
             )
         result: Any = pa.decimal128(precision, scale)
-    elif isinstance(kind, str) and (kind, logical) in _AVRO_LOGICAL:
+    elif isinstance(kind, str) and isinstance(logical, str) and (kind, logical) in _AVRO_LOGICAL:
         result = _AVRO_LOGICAL[(kind, logical)]
     elif kind == "record":
         fields = []

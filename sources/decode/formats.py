@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, TypeAlias, cast
 
 import numpy as np
 import pyarrow as pa
@@ -142,7 +142,7 @@ class Decoder:
         nulls: list[int] = []
         alone: list[int] = []
         if joined is not None:
-            lines: Sequence[bytes] = values  # type: ignore[assignment]
+            lines = cast("Sequence[bytes]", values)  # a joined buffer means no value is None
             bulk = list(range(len(values)))
         else:
             lines, bulk = self._classify(values, nulls, alone, faults)
@@ -263,10 +263,10 @@ class _Stop(Exception):
         self.fault = fault
 
 
-class _FailFast(list):  # type: ignore[type-arg]
+class _FailFast(list[RecordFault]):
     """A fault list that stops decoding at the first fault."""
 
-    def append(self, fault: RecordFault) -> None:  # type: ignore[override]
+    def append(self, fault: RecordFault) -> None:
         raise _Stop(fault)
 
 
@@ -283,10 +283,11 @@ def _clean_join(values: Sequence[bytes | None], is_json: bool) -> bytes | None:
         return joined
     if not values or None in values:
         return None
-    joined = b"\n".join(values)  # type: ignore[arg-type]
+    present = cast("Sequence[bytes]", values)  # no None, checked just above
+    joined = b"\n".join(present)
     if joined.count(b"\n") != len(values) - 1 or b"\r" in joined:
         return None
-    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))  # type: ignore[arg-type]
+    lengths = np.fromiter(map(len, present), dtype=np.int64, count=len(present))
     if not lengths.all():
         return None
     if is_json:

@@ -51,6 +51,7 @@ def make_decoder(
                     raise ConfigError(f"{field}.{name}", f"must be one character other than a newline, got {value!r}")
             if delimiter == quote_char:
                 raise ConfigError(f"{field}.delimiter", "must differ from quote_char")
+        # ``format`` is one of FORMATS (checked on entry); mypy narrows no str to a Literal by membership.
         return Decoder(format, schema, delimiter=delimiter, quote_char=quote_char)  # type: ignore[arg-type]
     if format == "text":
         _fixed(schema, _VALUE_TEXT, f"{field}.schema")

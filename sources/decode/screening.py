@@ -44,21 +44,23 @@ def json_screen(schema: pa.Schema) -> Callable[[list[bytes]], list[bool]]:
 def csv_screen(schema: pa.Schema, delimiter: str, quote_char: str) -> Callable[[list[bytes]], list[bool]]:
     """For CSV rows typed by ``schema``: field count and the text of numeric and bool fields."""
     checks = [_text_check(f.type) for f in schema]
-    options = {"delimiter": delimiter, "quotechar": quote_char, "strict": True}
+
+    def rows_of(lines: list[str]) -> list[list[str]]:
+        return list(csv.reader(lines, delimiter=delimiter, quotechar=quote_char, strict=True))
 
     def fits(row: list[str]) -> bool:
         return len(row) == len(checks) and all(t == "" or c(t) for t, c in zip(row, checks, strict=True))
 
     def one(value: bytes) -> bool:
         try:
-            rows = list(csv.reader([value.decode("utf-8")], **options))
+            rows = rows_of([value.decode("utf-8")])
         except (UnicodeDecodeError, csv.Error):
             return False
         return len(rows) == 1 and fits(rows[0])
 
     def screen(values: list[bytes]) -> list[bool]:
         try:
-            rows = list(csv.reader([v.decode("utf-8") for v in values], **options))
+            rows = rows_of([v.decode("utf-8") for v in values])
         except (UnicodeDecodeError, csv.Error):
             rows = []
         if len(rows) != len(values):  # a quote ran over a line end, or a line did not decode

@@ -37,7 +37,7 @@ def unknown_column(objects: Iterable[Mapping[str, Any] | None], known: Sequence[
 
 def with_unknown_json(decoded: Decoded, values: Sequence[bytes | None], known: Sequence[str]) -> Decoded:
     """``decoded`` with the unknown-fields column of its good JSON values (one ``json.loads`` each)."""
-    objects = (None if values[int(i)] is None else json.loads(values[int(i)]) for i in decoded.good)  # type: ignore[arg-type]
+    objects = (None if (value := values[int(i)]) is None else json.loads(value) for i in decoded.good)
     column = unknown_column(objects, known)
     batch = decoded.batch.append_column(UNKNOWN_FIELD, column)
     return Decoded(batch, decoded.good, decoded.errors)

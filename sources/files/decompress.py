@@ -88,6 +88,8 @@ class _Limited(io.RawIOBase):
         self._left -= len(data)
         return data
 
+    # io types the buffer as any writable Buffer, which has no slice assignment in typeshed; io's
+    # readers hand a raw stream a bytearray or a memoryview, which do.
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         data = self.read(len(buffer))
         buffer[: len(data)] = data
@@ -96,4 +98,5 @@ class _Limited(io.RawIOBase):
 
 def decompressed(raw: BinaryIO, end: int, codec: Codec, where: str) -> BinaryIO:
     """A stream of the decompressed text of ``raw``'s first ``end`` bytes (``where`` names it in errors)."""
+    # A raw io stream is read like a binary file, but typing.BinaryIO is a class no io stream derives from.
     return _Decompressed(raw, end, codec, where)  # type: ignore[return-value]

@@ -296,7 +296,7 @@ def _matches(parts: tuple[str, ...], segments: tuple[str, ...]) -> bool:
         return not parts
     if segments[0] == "**":
         return any(_matches(parts[i:], segments[1:]) for i in range(len(parts) + 1))
-    return bool(parts) and _segment(segments[0])(parts[0]) and _matches(parts[1:], segments[1:])
+    return bool(parts) and _segment(segments[0])(parts[0]) is not None and _matches(parts[1:], segments[1:])
 
 
 def _could_match(parts: tuple[str, ...], segments: tuple[str, ...]) -> bool:
@@ -307,10 +307,10 @@ def _could_match(parts: tuple[str, ...], segments: tuple[str, ...]) -> bool:
         return False
     if segments[0] == "**":
         return _could_match(parts, segments[1:]) or _could_match(parts[1:], segments)
-    return _segment(segments[0])(parts[0]) and _could_match(parts[1:], segments[1:])
+    return _segment(segments[0])(parts[0]) is not None and _could_match(parts[1:], segments[1:])
 
 
 @lru_cache(maxsize=256)
-def _segment(pattern: str) -> Callable[[str], bool]:
+def _segment(pattern: str) -> Callable[[str], re.Match[str] | None]:
     """A matcher of one name against one glob segment, as ``glob`` compares (case-sensitive)."""
-    return re.compile(fnmatch.translate(pattern)).fullmatch  # type: ignore[return-value]
+    return re.compile(fnmatch.translate(pattern)).fullmatch

@@ -26,6 +26,7 @@ name it; with ``on_record_error="fail"`` the same fallback names the bad record'
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -35,6 +36,7 @@ import pyarrow as pa
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, clip_message, error_batch
 from reclock.sources.decode.isolate import PIECE
 from reclock.sources.files.blocks import Records, record_pattern
+from reclock.sources.files.listing import unpack
 from reclock.sources.files.parse import RecordParser
 from reclock.sources.files.reader import PARSE, FileReader, FileSplit
 from reclock.timeline.frontier import encode_partition
@@ -82,9 +84,9 @@ def read_group(reader: FileReader, splits: Sequence[FileSplit]) -> Iterator[tupl
     yield from buffer.parse(reader, parser, schema, is_csv=fmt == "csv")
 
 
-def _last_is_open(records: Records, record_re: object) -> bool:
+def _last_is_open(records: Records, record_re: re.Pattern[bytes]) -> bool:
     """Whether the block's last record is a quoted field left open (it runs to the end of the file)."""
-    match = record_re.match(records.block, int(records.starts[-1]))  # type: ignore[attr-defined]
+    match = record_re.match(records.block, int(records.starts[-1]))
     return match is not None and match.lastgroup == "open"
 
 
@@ -163,6 +165,7 @@ class _Pending:
                 )
             if faults:
                 bad = np.asarray([k for k, _ in faults], dtype=np.int64)
+                relative = {owner: unpack(split.partition)[0] for owner, split in splits.items()}
                 yield (
                     ERRORS,
                     error_batch(
@@ -170,7 +173,7 @@ class _Pending:
                         [int(offsets[k]) for k in bad],
                         [PARSE] * len(faults),
                         [
-                            clip_message(f"{splits[int(owners[k])].partition[0]} line {int(records.lines[k])}: {p}")
+                            clip_message(f"{relative[int(owners[k])]} line {int(records.lines[k])}: {p}")
                             for k, p in faults
                         ],
                         [records.block[records.starts[k] : records.ends[k]][:_MAX_RAW] for k, _ in faults],

@@ -26,7 +26,7 @@ __all__ = ["ParquetRows", "first_schema", "footer_rows", "read_rows", "row_json"
 
 
 class ParquetRows(NamedTuple):
-    """``count`` rows of a file from row ``offset`` on, cast to the declared columns.
+    """``num_rows`` rows of a file from row ``offset`` on, cast to the declared columns.
 
     ``bad`` maps a row (counted from ``offset``) to the problem of its first column that did not
     fit; its values are null in ``columns``. ``batch`` holds the rows as read, for the raw
@@ -34,7 +34,7 @@ class ParquetRows(NamedTuple):
     """
 
     offset: int
-    count: int
+    num_rows: int  # not ``count``: a tuple's own method of that name would be shadowed
     columns: list[pa.Array]
     bad: dict[int, str]
     batch: pa.RecordBatch | None

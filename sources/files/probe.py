@@ -130,7 +130,7 @@ class Probe:
                 if upper.offset(partition) > 0:
                     fresh.append(partition)
                 continue
-            relative, generation = partition
+            relative, generation = unpack(partition)
             self._retired[relative] = generation
             self._discovery.retire(relative, path)
             del self._listed[partition]

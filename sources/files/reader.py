@@ -27,6 +27,7 @@ from reclock.sources.decode.isolate import PIECE
 from reclock.sources.files.blocks import Records, cut_blocks, next_line_start, record_pattern
 from reclock.sources.files.config import FileFormat
 from reclock.sources.files.decompress import compression_of, decompressed
+from reclock.sources.files.listing import unpack
 from reclock.sources.files.parquet import read_rows, row_json
 from reclock.sources.files.parse import RecordParser
 from reclock.sources.files.store import FileStore
@@ -96,7 +97,7 @@ class FileReader:
     def read(self, split: FileSplit) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The records of one whole file as ``(output, batch)``, and bad ones as ``(ERRORS, batch)``."""
         encoded = encode_partition(split.partition)
-        relative = split.partition[0]
+        relative, _ = unpack(split.partition)
         if split.format == "parquet":
             yield from self._read_parquet(split, relative, encoded)
         else:
@@ -172,7 +173,8 @@ class FileReader:
                 read_bytes=_READ_BYTES,
                 max_record_bytes=_MAX_RECORD_BYTES,
             )
-            parser, extras = self._parser, ()
+            extras: tuple[str, ...] = ()
+            parser = self._parser
             if self.unknown_fields and is_csv and self.csv_header and split.start > 0:
                 f.seek(0)  # a later piece of the file: its columns are still named by the header
                 parser, extras = self._header_parser(f.readline().rstrip(b"\r\n"))
@@ -265,7 +267,7 @@ class FileReader:
     def _read_parquet(self, split: FileSplit, relative: str, encoded: str) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Parquet: rows cast to the declared columns; a row with a value that does not fit is bad."""
         for rows in read_rows(split.path, split.end, self.schema, _BATCH_ROWS, self.store):
-            offsets = np.arange(rows.offset, rows.offset + rows.count, dtype=np.int64)
+            offsets = np.arange(rows.offset, rows.offset + rows.num_rows, dtype=np.int64)
             bad = rows.bad
             if not bad:
                 yield self.output, self._batch(encoded, offsets, rows.columns)
@@ -273,7 +275,7 @@ class FileReader:
             if self.fail:
                 i = min(bad)
                 raise RecordError(f"{split.path}: row {rows.offset + i}: {bad[i]} (on_record_error='fail')")
-            keep = np.asarray([i for i in range(rows.count) if i not in bad], dtype=np.int64)
+            keep = np.asarray([i for i in range(rows.num_rows) if i not in bad], dtype=np.int64)
             if len(keep):
                 taken = pa.array(keep)
                 yield self.output, self._batch(encoded, offsets[keep], [c.take(taken) for c in rows.columns])

@@ -103,6 +103,7 @@ class FilesSource(SourceBase):
         self.root = self.store.root
         if format is not None and format not in FORMATS:
             raise ConfigError("format", f"must be one of {', '.join(FORMATS)} (or unset to infer it), got {format!r}")
+        # Checked against FORMATS just above; mypy narrows no str to a Literal by membership.
         self.format: FileFormat | None = format  # type: ignore[assignment]
         if not isinstance(output, str) or not output or output == ERRORS:
             raise ConfigError("output", f"must be a non-empty name other than {ERRORS!r}, got {output!r}")

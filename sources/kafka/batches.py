@@ -217,7 +217,7 @@ def _records(
     timestamps[meta[batch_of, 1] < 0] = -1
     values = _gather(arena, value_begin, value_len)
     keys = _gather(arena, key_begin, key_len) if want_keys else None
-    headers = None
+    headers: list[list[tuple[str, bytes | None]]] | None = None
     if want_headers:
         headers = [[] for _ in range(len(starts))]
         for i in np.nonzero(header_count)[0].tolist():
@@ -245,21 +245,21 @@ def _record_starts(joined: bytes, arena: np.ndarray, section_starts: np.ndarray,
         lanes = lanes[counts[lanes] > k]
     try:
         for lane in lanes.tolist():
-            at = int(position[lane])
+            cursor = int(position[lane])
             lo, hi = int(first[lane]) + k, int(first[lane] + counts[lane])
             found: list[int] = []
             append = found.append
             for _ in range(hi - lo):
-                append(at)
-                b = joined[at]
+                append(cursor)
+                b = joined[cursor]
                 if b < 0x80 and not b & 1:
-                    at += 1 + (b >> 1)
+                    cursor += 1 + (b >> 1)
                     continue
-                c = joined[at + 1]
+                c = joined[cursor + 1]
                 if b >= 0x80 and c < 0x80 and not b & 1:  # two bytes: records of 64 B to 8 KiB
-                    at += 2 + (((b & 0x7F) | (c << 7)) >> 1)
+                    cursor += 2 + (((b & 0x7F) | (c << 7)) >> 1)
                 else:
-                    at = _skip_record(joined, at)
+                    cursor = _skip_record(joined, cursor)
             starts[lo:hi] = found
     except IndexError:
         raise CorruptBatch("a batch holds fewer records than its header says") from None

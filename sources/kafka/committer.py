@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from reclock.errors import describe
 from reclock.sources.kafka.clients import KafkaClients
+from reclock.sources.kafka.config import topic_partition
 from reclock.timeline.frontier import Frontier, Partition
 
 __all__ = ["commit_offsets"]
@@ -31,7 +32,9 @@ def commit_offsets(
     from kafka import TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    offsets = {TopicPartition(p[0], p[1]): OffsetAndMetadata(o, "", -1) for p, o in frontier.items() if owns(p)}
+    offsets = {
+        TopicPartition(*topic_partition(p)): OffsetAndMetadata(o, "", -1) for p, o in frontier.items() if owns(p)
+    }
     if not offsets:
         return
     try:

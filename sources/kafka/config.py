@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, cast
 
 import pyarrow as pa
 
@@ -38,6 +38,7 @@ __all__ = [
     "check_selection",
     "check_start",
     "output_name_for",
+    "topic_partition",
 ]
 
 Policy = Literal["fail", "skip"]
@@ -53,7 +54,7 @@ METADATA_COLUMNS: dict[str, pa.DataType] = {
 }
 
 #: The choices of ``on_record_error`` and ``on_offset_lost``.
-POLICIES = ("fail", "skip")
+POLICIES: tuple[Policy, ...] = ("fail", "skip")
 _START_WORDS = ("earliest", "latest")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _OUTPUT_KEYS = frozenset(
@@ -129,6 +130,14 @@ class Routing:
         )
 
 
+def topic_partition(partition: Partition) -> tuple[str, int]:
+    """The Kafka ``(topic, partition)`` a partition of this source reads: itself, or the one a
+    re-read ``(topic, partition, "reread-N")`` copies. Only for partitions :meth:`Routing.owns`
+    accepts; the runtime types partitions as any hashable, this is where the source knows better."""
+    kafka = cast("tuple[str, int]", partition)
+    return kafka[0], kafka[1]
+
+
 def output_name_for(topic: str) -> str:
     """The default output name for a topic: an identifier (``orders.v1`` -> ``orders_v1``)."""
     name = re.sub(r"[^0-9A-Za-z_]+", "_", topic).strip("_").lower()
@@ -169,7 +178,11 @@ def check_selection(topics: Any, pattern: Any) -> tuple[tuple[str, ...], str | N
     return (), pattern
 
 
-def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+_Choice = TypeVar("_Choice", bound=str)
+
+
+def check_choice(name: str, value: Any, choices: tuple[_Choice, ...]) -> _Choice:
+    """``value``, one of ``choices`` (typed as they are: a ``Literal``'s values give that ``Literal``)."""
     if value not in choices:
         raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
     return value
@@ -285,7 +298,8 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     if key_format not in ("bytes", "text"):
         raise ConfigError(f"{where}.key_format", f"must be 'bytes' or 'text', got {key_format!r}")
     metadata = _check_metadata(opts["metadata"], f"{where}.metadata")
-    fields = list(row_schema if envelope == "debezium" else decoder.schema)
+    # A debezium route's rows are the row schema (checked present above), not the envelope it is decoded with.
+    fields = list(row_schema) if row_schema is not None and envelope == "debezium" else list(decoder.schema)
     for meta, column in metadata:
         ftype = pa.string() if meta == "key" and key_format == "text" else METADATA_COLUMNS[meta]
         fields.append(pa.field(column, ftype))

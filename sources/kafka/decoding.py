@@ -123,6 +123,7 @@ def concat(chunks: Sequence[Fetched]) -> Fetched:
     """One :class:`Fetched` of several, in order."""
     if len(chunks) == 1:
         return chunks[0]
+    # All chunks come from one fetcher, which asks for keys (and headers) for all its partitions or none.
     keys = None if chunks[0].keys is None else Values.concat([c.keys for c in chunks])  # type: ignore[misc]
     headers = None if chunks[0].headers is None else [h for c in chunks for h in c.headers]  # type: ignore[union-attr]
     return Fetched(

@@ -30,7 +30,7 @@ from reclock.errors import DefiniteSourceError
 from reclock.sources.base import ERRORS, Split, error_batch
 from reclock.sources.kafka.batches import Fetched
 from reclock.sources.kafka.clients import KafkaClients, close_client
-from reclock.sources.kafka.config import KafkaRoute, Policy, Routing
+from reclock.sources.kafka.config import KafkaRoute, Policy, Routing, topic_partition
 from reclock.sources.kafka.decoding import Pending
 from reclock.sources.kafka.fetcher import Fetcher, OffsetLost, lease
 from reclock.sources.kafka.probe import low_watermarks
@@ -60,9 +60,10 @@ def read_splits(
     splits; otherwise they are fetched on a client of their own."""
     routes = []
     for split in splits:
-        route = routing.route(split.partition[0])
+        topic = topic_partition(split.partition)[0]
+        route = routing.route(topic)
         if route is None:
-            raise ValueError(f"topic {split.partition[0]!r} is not routed to any output of this source")
+            raise ValueError(f"topic {topic!r} is not routed to any output of this source")
         routes.append(route)
     read = _Read(clients, flush_rows, on_offset_lost, on_record_error == "fail")
     if fetcher is not None:
@@ -150,7 +151,7 @@ class _Read:
 
 def _kafka(split: Split) -> tuple[str, int]:
     """The Kafka partition a split reads: its own, or the one a re-read partition copies."""
-    return split.partition[0], split.partition[1]
+    return topic_partition(split.partition)
 
 
 def lost_batch(encoded: str, partition: tuple[str, int], start: int, stop: int) -> pa.RecordBatch:

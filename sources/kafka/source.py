@@ -32,6 +32,7 @@ from reclock.sources.kafka.config import (
     check_choice,
     check_selection,
     check_start,
+    topic_partition,
 )
 from reclock.sources.kafka.decoding import decode
 from reclock.sources.kafka.probe import Prober
@@ -91,8 +92,8 @@ class KafkaSource(SourceBase):
     ) -> None:
         servers = check_bootstrap(bootstrap_servers)
         selected_topics, selected_pattern = check_selection(topics, pattern)
-        self.on_record_error: Policy = check_choice("on_record_error", on_record_error, POLICIES)  # type: ignore[assignment]
-        self.on_offset_lost: Policy = check_choice("on_offset_lost", on_offset_lost, POLICIES)  # type: ignore[assignment]
+        self.on_record_error: Policy = check_choice("on_record_error", on_record_error, POLICIES)
+        self.on_offset_lost: Policy = check_choice("on_offset_lost", on_offset_lost, POLICIES)
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ConfigError("group_id", "must be a non-empty string or None")
         self.group_id = group_id
@@ -174,24 +175,24 @@ class KafkaSource(SourceBase):
             raise ValueError("a Kafka source never closes; splits need a finite upper")
         todo = sorted(
             ((p, lower.offset(p), end) for p, end in upper.items() if end > lower.offset(p) and self._owns(p)),
-            key=lambda item: (item[0][0], item[0][1]),
+            key=lambda item: topic_partition(item[0]),
         )
         # A re-read's range is exactly what set-offsets bound: no start position applies, and a
         # range the topic lost by now is found lost by the reader like any other.
         again = [(p, begin, end) for p, begin, end in todo if reread_of(p) is not None]
-        todo = [item for item in todo if reread_of(item[0]) is None]
+        live = [(topic_partition(p), begin, end) for p, begin, end in todo if reread_of(p) is None]
         out = [
             KafkaSplit(p, start, min(end, start + self.max_split_offsets))
             for p, begin, end in again
             for start in range(begin, end, self.max_split_offsets)
         ]
-        if not todo:
+        if not live:
             return out
-        fresh = [p for p, begin, _ in todo if begin == 0]
+        fresh = [p for p, begin, _ in live if begin == 0]
         starts = self._prober.start_positions(fresh) if fresh else {}
-        lows = self._low_watermarks([p for p, _, _ in todo])
+        lows = self._low_watermarks([p for p, _, _ in live])
         return out + cut(
-            todo, starts, lows, on_offset_lost=self.on_offset_lost, max_split_offsets=self.max_split_offsets
+            live, starts, lows, on_offset_lost=self.on_offset_lost, max_split_offsets=self.max_split_offsets
         )
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -256,7 +257,8 @@ class KafkaSource(SourceBase):
 
     def earliest(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
         """The low watermarks of ``partitions`` (``reclock offsets`` shows them as *earliest*)."""
-        return dict(self._low_watermarks([p for p in partitions if self._owns(p) and reread_of(p) is None]))
+        owned = [topic_partition(p) for p in partitions if self._owns(p) and reread_of(p) is None]
+        return {p: low for p, low in self._low_watermarks(owned).items()}
 
     def _shape(self, records: Fetched, encoded: str, topic: str, kpart: int) -> Iterator[tuple[str, pa.RecordBatch]]:
         """:func:`~reclock.sources.kafka.reader.shape` with this source's route and ``on_record_error``."""
@@ -281,7 +283,7 @@ def _waves(splits: Sequence[Split]) -> list[list[Split]]:
     waves: list[list[Split]] = []
     taken: list[set[tuple[str, int]]] = []
     for split in splits:
-        kafka = (split.partition[0], split.partition[1])
+        kafka = topic_partition(split.partition)
         for wave, seen in zip(waves, taken, strict=True):
             if kafka not in seen:
                 wave.append(split)
