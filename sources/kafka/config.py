@@ -24,7 +24,7 @@ import pyarrow as pa
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
 from reclock.sources.decode import Decoder, as_schema, make_decoder
-from reclock.timeline.frontier import Partition, decode_partition, encode_partition, reread_of
+from reclock.timeline.frontier import Partition, Reread, decode_partition, encode_partition
 
 __all__ = [
     "METADATA_COLUMNS",
@@ -37,6 +37,7 @@ __all__ = [
     "check_choice",
     "check_selection",
     "check_start",
+    "kafka_partition",
     "output_name_for",
 ]
 
@@ -52,7 +53,8 @@ METADATA_COLUMNS: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("ms", tz="UTC"),
 }
 
-#: The choices of ``on_record_error`` and ``on_offset_lost``.
+#: The choices of ``on_offset_lost`` (``on_record_error`` is the pipeline's, see
+#: :data:`~reclock.sources.base.RecordErrorPolicy`).
 POLICIES = ("fail", "skip")
 _START_WORDS = ("earliest", "latest")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -116,9 +118,8 @@ class Routing:
     def owns(self, partition: Partition) -> bool:
         """Whether ``partition`` is a ``(topic, partition)`` of this source, or a re-read of one
         (frontiers the runtime hands back may name other sources' partitions)."""
-        again = reread_of(partition)
-        if again is not None:
-            partition = again[0]
+        if isinstance(partition, Reread):
+            partition = partition.of
         return (
             isinstance(partition, tuple)
             and len(partition) == 2
@@ -127,6 +128,12 @@ class Routing:
             and self.selected(partition[0])
             and self.route(partition[0]) is not None
         )
+
+
+def kafka_partition(partition: Partition) -> tuple[str, int]:
+    """The ``(topic, partition)`` a partition of this source reads: its own, or the one a
+    :class:`~reclock.timeline.frontier.Reread` copies."""
+    return partition.of if isinstance(partition, Reread) else partition  # type: ignore[return-value]
 
 
 def output_name_for(topic: str) -> str:

@@ -18,7 +18,17 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from reclock.sources.base import Output, SourceBase, Split
+from reclock.sources.base import (
+    GroupReads,
+    KeepsUnknownFields,
+    Output,
+    RecordErrorPolicy,
+    SettableOffsets,
+    SourceBase,
+    SourceContext,
+    Split,
+    check_record_error_policy,
+)
 from reclock.sources.kafka.batches import Fetched
 from reclock.sources.kafka.clients import KafkaClients, check_client_settings
 from reclock.sources.kafka.committer import commit_offsets
@@ -32,17 +42,18 @@ from reclock.sources.kafka.config import (
     check_choice,
     check_selection,
     check_start,
+    kafka_partition,
 )
 from reclock.sources.kafka.decoding import decode
 from reclock.sources.kafka.probe import Prober
 from reclock.sources.kafka.reader import read_splits
 from reclock.sources.kafka.splits import KafkaSplit, cut
-from reclock.timeline.frontier import Frontier, Partition, reread_of
+from reclock.timeline.frontier import Frontier, Partition, Reread
 
 __all__ = ["KafkaSource"]
 
 
-class KafkaSource(SourceBase):
+class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
     """Kafka topics as a reclock source; see :mod:`reclock.sources.kafka` for the contract.
 
     Topic selection: ``topics`` (a list) or ``pattern`` (a regex matched against whole topic
@@ -62,7 +73,7 @@ class KafkaSource(SourceBase):
 
     #: Reads share nothing but the client pool, which is locked: threads may read at once.
     parallel_reads = True
-    settable_offsets = True
+    #: An offset is one record; a partition set below its bound is read again as a Reread.
     rereads = True
 
     def __init__(
@@ -82,7 +93,7 @@ class KafkaSource(SourceBase):
         metadata: Sequence[str] | Mapping[str, str] = (),
         key_format: str = "bytes",
         start: str | Mapping[Any, int] = "earliest",
-        on_record_error: Policy = "skip",
+        on_record_error: RecordErrorPolicy = "skip",
         on_offset_lost: Policy = "fail",
         group_id: str | None = None,
         client_settings: Mapping[str, Any] | None = None,
@@ -91,7 +102,7 @@ class KafkaSource(SourceBase):
     ) -> None:
         servers = check_bootstrap(bootstrap_servers)
         selected_topics, selected_pattern = check_selection(topics, pattern)
-        self.on_record_error: Policy = check_choice("on_record_error", on_record_error, POLICIES)  # type: ignore[assignment]
+        self.on_record_error = check_record_error_policy(on_record_error)
         self.on_offset_lost: Policy = check_choice("on_offset_lost", on_offset_lost, POLICIES)  # type: ignore[assignment]
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ConfigError("group_id", "must be a non-empty string or None")
@@ -118,6 +129,13 @@ class KafkaSource(SourceBase):
         self._routing = Routing(selected_topics, selected_pattern, routes)
         self._clients = KafkaClients(servers, settings, float(read_timeout_s))
         self._prober = Prober(self._clients, self._routing, self.start)
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> KafkaSource:
+        """The pipeline's Kafka source: it commits to the consumer group ``reclock-<pipeline>``
+        unless ``group_id`` says otherwise, and bad records follow the pipeline's ``on_record_error``."""
+        group = {"group_id": f"reclock-{context.pipeline}"}
+        return cls(**{**group, **options, "on_record_error": context.on_record_error})
 
     @property
     def bootstrap_servers(self) -> str | list[str]:
@@ -174,12 +192,12 @@ class KafkaSource(SourceBase):
             raise ValueError("a Kafka source never closes; splits need a finite upper")
         todo = sorted(
             ((p, lower.offset(p), end) for p, end in upper.items() if end > lower.offset(p) and self._owns(p)),
-            key=lambda item: (item[0][0], item[0][1]),
+            key=lambda item: kafka_partition(item[0]),
         )
         # A re-read's range is exactly what set-offsets bound: no start position applies, and a
         # range the topic lost by now is found lost by the reader like any other.
-        again = [(p, begin, end) for p, begin, end in todo if reread_of(p) is not None]
-        todo = [item for item in todo if reread_of(item[0]) is None]
+        again = [(p, begin, end) for p, begin, end in todo if isinstance(p, Reread)]
+        todo = [item for item in todo if not isinstance(item[0], Reread)]
         out = [
             KafkaSplit(p, start, min(end, start + self.max_split_offsets))
             for p, begin, end in again
@@ -220,7 +238,7 @@ class KafkaSource(SourceBase):
     def commit(self, frontier: Frontier) -> None:
         """Commit the frontier's offsets of this source's partitions to ``group_id`` (offset =
         next to read). Advisory: logs a warning on failure, never raises."""
-        commit_offsets(self._clients, self.group_id, frontier, lambda p: self._owns(p) and reread_of(p) is None)
+        commit_offsets(self._clients, self.group_id, frontier, lambda p: self._owns(p) and not isinstance(p, Reread))
 
     def close(self) -> None:
         """Close the driver-side clients (the probe and the committer)."""
@@ -256,7 +274,7 @@ class KafkaSource(SourceBase):
 
     def earliest(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
         """The low watermarks of ``partitions`` (``reclock offsets`` shows them as *earliest*)."""
-        return dict(self._low_watermarks([p for p in partitions if self._owns(p) and reread_of(p) is None]))
+        return dict(self._low_watermarks([p for p in partitions if self._owns(p) and not isinstance(p, Reread)]))
 
     def _shape(self, records: Fetched, encoded: str, topic: str, kpart: int) -> Iterator[tuple[str, pa.RecordBatch]]:
         """:func:`~reclock.sources.kafka.reader.shape` with this source's route and ``on_record_error``."""
@@ -281,7 +299,7 @@ def _waves(splits: Sequence[Split]) -> list[list[Split]]:
     waves: list[list[Split]] = []
     taken: list[set[tuple[str, int]]] = []
     for split in splits:
-        kafka = (split.partition[0], split.partition[1])
+        kafka = kafka_partition(split.partition)
         for wave, seen in zip(waves, taken, strict=True):
             if kafka not in seen:
                 wave.append(split)
