@@ -78,6 +78,8 @@ _ENGINES = ("spark", "local")
 _METRICS_KEYS = ("metrics_port", "metrics_host")
 #: A pipeline policy that older definitions (and the source guides) write under ``[source]``.
 _RECORD_ERROR = "on_record_error"
+#: ``[pipeline]`` keys besides the runtime's :class:`Settings`.
+_PIPELINE_KEYS = ("name", "lake", "engine", "status_retention_days", _RECORD_ERROR, *_METRICS_KEYS)
 _MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -188,20 +190,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     if not _MIN_TTL_S <= ttl < math.inf:
         raise fail("lease.ttl_seconds", f"must be a finite number of seconds >= {_MIN_TTL_S:g}, got {ttl!r}")
     source = dict(_section(raw, "source", fail, required=True))
-    _only(
-        pipeline,
-        {
-            "name",
-            "lake",
-            "engine",
-            "status_retention_days",
-            _RECORD_ERROR,
-            *_METRICS_KEYS,
-            *(f.name for f in fields(Settings)),
-        },
-        "pipeline.",
-        fail,
-    )
+    _only(pipeline, {*_PIPELINE_KEYS, *(f.name for f in fields(Settings))}, "pipeline.", fail)
     _only(spark, {"master", "conf", "small_batch_offsets", "background_start"}, "spark.", fail)
 
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
@@ -340,13 +329,7 @@ def build_source(
         cls = source_class(config.source["kind"])
     except ConfigError as exc:
         raise ConfigError(f"source.{exc.field}", exc.reason, file=file) from None
-    context = SourceContext(
-        pipeline=config.name,
-        created_at_ms=created_at_ms,
-        on_record_error=config.on_record_error,
-        generations_reader=generations_reader,
-        generations_path=generations_path,
-    )
+    context = SourceContext(config.name, created_at_ms, config.on_record_error, generations_reader, generations_path)
     try:
         return cls.from_config(options, context) if issubclass(cls, TakesContext) else cls(**options)
     except ConfigError as exc:
