@@ -35,7 +35,6 @@ __all__ = [
     "RESCUED",
     "EvolutionMode",
     "OutputLayout",
-    "check_layouts",
     "into_dates",
     "layout_schema",
     "layouts_to_dict",
@@ -100,35 +99,16 @@ class OutputLayout:
                 )
 
 
-def output_layouts(
-    source: Any, outputs: Mapping[str, Any], layouts: Mapping[str, OutputLayout]
-) -> dict[str, OutputLayout]:
-    """Check ``layouts`` against a source's outputs, and ask the source to keep unknown fields
-    for the outputs whose policy needs them (its optional ``keep_unknown_fields(outputs)``)."""
+def output_layouts(outputs: Mapping[str, Any], layouts: Mapping[str, OutputLayout]) -> dict[str, OutputLayout]:
+    """Check ``layouts`` against a source's outputs (a source asked to keep unknown fields for
+    the outputs that evolve is the runtime's business, :func:`~reclock.runtime.outputs.layouts_of`)."""
     for name, layout in layouts.items():
         output = outputs.get(name)
         if output is None or name.startswith("_"):
             known = ", ".join(n for n in outputs if not n.startswith("_"))
             raise ConfigError(f"outputs.{name}", f"the source has no output {name!r} (outputs: {known})")
         layout.check(name, output.schema, output.envelope)
-    evolving = sorted(name for name, layout in layouts.items() if layout.schema_evolution != "none")
-    if evolving:
-        keep = getattr(source, "keep_unknown_fields", None)
-        if keep is None:
-            raise ConfigError(
-                f"outputs.{evolving[0]}.schema_evolution",
-                f"a {type(source).__name__} cannot report fields its outputs do not declare",
-            )
-        keep(evolving)
     return dict(layouts)
-
-
-def check_layouts(source: Any, layouts: Mapping[str, OutputLayout], *, file: str | None = None) -> None:
-    """At ``create``: ``[outputs.<name>]`` names the source's outputs and suits their formats."""
-    try:
-        output_layouts(source, {o.name: o for o in source.outputs()}, layouts)
-    except ConfigError as exc:
-        raise ConfigError(exc.field, exc.reason, file=file) from None
 
 
 def parse_layouts(raw: Any, *, prefix: str = "outputs") -> dict[str, OutputLayout]:

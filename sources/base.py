@@ -24,19 +24,26 @@ Envelopes say what a record *means* for its output table (``Output.envelope``):
   ``after``, ``op``); ``op = "d"`` deletes ``before``'s key, anything else upserts ``after``.
 
 A record that cannot be decoded is not an exception: the reader yields it to :data:`ERRORS` with
-its coordinates so that it is never silently lost, or raises :class:`RecordError` when its own
-``on_record_error`` option says ``fail`` (sources that decode take that option).
+its coordinates so that it is never silently lost, or raises :class:`RecordError` when the
+pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its :class:`SourceContext`).
+
+Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
+runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
+:class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields` and, for the class,
+:class:`TakesContext`. A source declares one by subclassing it (which also gives its defaults) or
+by having its members; any class may, a plugin as much as a built-in.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import pyarrow as pa
 
-from reclock.errors import ReclockError
+from reclock.errors import ConfigError, ReclockError
 from reclock.timeline.frontier import OFFSET, PARTITION, Frontier, Offset, Partition
 
 __all__ = [
@@ -44,19 +51,35 @@ __all__ = [
     "ERRORS_SCHEMA",
     "LINEAGE_FIELDS",
     "MAX_MESSAGE",
+    "RECORD_ERROR_POLICIES",
     "Envelope",
+    "FileStates",
+    "GroupReads",
+    "KeepsUnknownFields",
+    "ListedFile",
     "Output",
     "RecordError",
+    "RecordErrorPolicy",
+    "SettableOffsets",
     "Source",
     "SourceBase",
+    "SourceContext",
     "Split",
+    "TakesContext",
     "cap_frontier",
+    "check_record_error_policy",
     "clip_message",
     "debezium_schema",
     "error_batch",
+    "parse_generations",
 ]
 
 Envelope = Literal["append", "upsert", "debezium"]
+
+#: What the pipeline does with a record that cannot be decoded: land it in :data:`ERRORS` at its
+#: coordinates (``skip``), or fail the batch at the first one (``fail``, :class:`RecordError`).
+RecordErrorPolicy = Literal["skip", "fail"]
+RECORD_ERROR_POLICIES: tuple[RecordErrorPolicy, ...] = get_args(RecordErrorPolicy)
 
 #: Output name of the errors table every pipeline has; readers yield bad records to it.
 ERRORS = "_errors"
@@ -104,25 +127,19 @@ class Split:
 
 @runtime_checkable
 class Source(Protocol):
-    """What the runtime needs from a source; :class:`SourceBase` gives defaults for the optional part.
+    """What the runtime needs from every source; :class:`SourceBase` gives defaults for the optional part.
 
     The driver calls :meth:`outputs`, :meth:`upper`, :meth:`cap`, :meth:`end`, :meth:`splits`,
     :meth:`commit` and :meth:`close`; Spark tasks call :meth:`read` on a pickled copy, so a source
-    must pickle without its driver-side clients. A source may also offer ``read_group(splits)``,
-    the records of a task's splits as one stream whose batches may span splits (the Kafka source
-    decodes many small partitions together that way); the data plane then reads a task with it,
-    and falls back to :meth:`read` split by split when it fails, to tell which splits fail.
-    Offsets are the source's own; a frontier maps
-    each partition to the first offset *not* yet available.
+    must pickle without its driver-side clients. Offsets are the source's own; a frontier maps
+    each partition to the first offset *not* yet available. What only some sources do is a
+    capability (the protocols below).
     """
 
     #: Whether :meth:`upper` may stop naming a partition it named before (a deleted file). The
     #: runtime then joins a probe with what is already bound; otherwise a probe below the bound
     #: frontier means the source was recreated, a definite error.
     forgets_partitions: bool
-
-    #: Whether partitions are files ``(path, generation)``: the job then keeps file states.
-    is_file_source: bool
 
     def outputs(self) -> Sequence[Output]:
         """The output tables, fixed for the pipeline's life (``_errors`` is added by the runtime)."""
@@ -158,6 +175,35 @@ class Source(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class SourceContext:
+    """What only the runtime knows about the pipeline a source is built for (see :class:`TakesContext`).
+
+    Explicit, so that a source says what it takes instead of the runtime guessing from the names
+    of its constructor's parameters, and a new piece of context is a new field, not a new name
+    every source must avoid.
+    """
+
+    #: The pipeline's name (the Kafka source's consumer group is ``reclock-<pipeline>``).
+    pipeline: str
+    #: When the pipeline was created, in ms since the epoch: fixed for its life, across restarts.
+    created_at_ms: int = 0
+    #: The pipeline's policy for records that cannot be decoded (``on_record_error``).
+    on_record_error: RecordErrorPolicy = "skip"
+    #: Reads the text of the generations file the runtime keeps for a source with
+    #: :class:`FileStates` (``None`` while there is none); see :meth:`generations`.
+    generations_reader: Callable[[], str | None] | None = None
+    #: That file's path, when the lake is on this machine (a listing must not take it for data).
+    generations_path: str | None = None
+
+    def generations(self) -> dict[str, int]:
+        """``{path: generation}`` of every dropped file (``reclock drop-file`` bumps one); a file
+        not named is at generation 0. Read again at every call: a drop rewrites the file."""
+        if self.generations_reader is None:
+            return {}
+        return parse_generations(self.generations_reader(), self.generations_path or "in the lake")
+
+
 class SourceBase:
     """Defaults for the optional parts of :class:`Source`; subclass and override what differs."""
 
@@ -165,17 +211,15 @@ class SourceBase:
     max_split_offsets: int = 1_000_000
 
     forgets_partitions: bool = False
-    is_file_source: bool = False
-    #: Whether :meth:`read` may run in several threads of one process at once (the in-driver
-    #: data plane then reads splits in parallel). Off unless a source says so.
+    #: :class:`GroupReads`' setting, so that a subclass that only adds ``read_group`` reads groups.
     parallel_reads: bool = False
-    #: Whether an offset names one record, so a user may skip a partition ahead to any offset
-    #: (``reclock set-offsets``). Off unless a source says so: a byte offset into a file would
-    #: cut a record in two.
-    settable_offsets: bool = False
-    #: Whether the source reads a partition made by :func:`~reclock.timeline.frontier.reread` (``reclock
-    #: set-offsets`` below what is bound): the same records again, under their own identity.
-    rereads: bool = False
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> SourceBase:
+        """The source a pipeline definition describes: ``options`` are its ``[source]`` keys (less
+        ``kind``). By default the constructor takes them and the context is not needed; override
+        to take what the context offers (see :class:`TakesContext`)."""
+        return cls(**options)
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         """One split per partition that advanced, cut at :attr:`max_split_offsets`."""
@@ -201,6 +245,127 @@ class SourceBase:
 
     def close(self) -> None:
         """Nothing to release by default."""
+
+
+# -- capabilities: what some sources can do, asked for with isinstance ---------------------------
+
+
+@runtime_checkable
+class TakesContext(Protocol):
+    """A source *class* built from a pipeline definition with the runtime's :class:`SourceContext`.
+
+    Every :class:`SourceBase` is one (its default ignores the context); any other class is built
+    with its ``[source]`` options as keyword arguments.
+    """
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> Source:
+        """The source ``options`` (the ``[source]`` keys, less ``kind``) describe, in ``context``."""
+        ...
+
+
+@runtime_checkable
+class GroupReads(Protocol):
+    """Reads a task's splits as one stream, whose batches may span splits.
+
+    The data plane reads a task of several splits with :meth:`read_group` (the Kafka source
+    decodes many small partitions together, the files source parses many small files at once),
+    and falls back to :meth:`Source.read` split by split when it fails, to tell which splits fail.
+    """
+
+    #: Whether tasks may run in several threads of one process at once (the in-driver data plane
+    #: then reads its tasks in parallel). Off unless a source says so.
+    parallel_reads: bool = False
+
+    def read_group(self, splits: Sequence[Split]) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Every record of ``splits`` once, as :meth:`Source.read` of each would give them."""
+        ...
+
+
+@runtime_checkable
+class SettableOffsets(Protocol):
+    """An offset names one record, so a user may move a partition to any offset (``reclock
+    set-offsets``), and a failed record can be read alone again (``reclock redrive``).
+
+    A byte offset into a file is not one: it would cut a record in two.
+    """
+
+    #: Whether a partition moved *below* what is bound is read again as a
+    #: :class:`~reclock.timeline.frontier.Reread` partition: :meth:`Source.splits` and
+    #: :meth:`Source.read` then take such partitions, reading the offsets of ``Reread.of``.
+    rereads: bool = False
+
+    def earliest(self, partitions: Sequence[Partition]) -> Mapping[Partition, Offset]:
+        """The first offset each of ``partitions`` still has (Kafka's low watermarks); one the
+        source cannot tell is left out (the default: none)."""
+        return {}
+
+
+@runtime_checkable
+class FileStates(Protocol):
+    """The source's partitions are files ``(path, generation)``: the job keeps their states.
+
+    ``reclock files`` lists every file bound or listed now with its state (Loaded, Skipped,
+    Unloaded, Ignored), the ``files`` status table records them, and ``reclock drop-file`` makes
+    the runtime bump a file's generation in the lake, which the source reads through
+    :meth:`SourceContext.generations`: the file comes back as the new partition
+    ``(path, generation + 1)``, at offset 0.
+    """
+
+    def listing(self) -> Sequence[ListedFile]:
+        """Every candidate file now, read or not, at its current generation; called by the CLI
+        and on the driver, never on the batch path."""
+        ...
+
+
+@runtime_checkable
+class KeepsUnknownFields(Protocol):
+    """Hands on the fields a record has and its output does not declare (schema evolution)."""
+
+    def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
+        """From now on, add each record's undeclared fields of ``outputs`` as one JSON object in
+        :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`; a :class:`ConfigError` naming
+        ``outputs.<name>.schema_evolution`` if an output's format has no such fields."""
+        ...
+
+
+@dataclass(frozen=True)
+class ListedFile:
+    """One candidate file as a :class:`FileStates` source sees it now.
+
+    ``path`` is relative with ``/`` separators, ``generation`` its current one; ``upper`` is the
+    offset after its last record (bytes, rows for Parquet), 0 for an ignored file; ``ignored``
+    says why the source never reads it (``None`` when it does); ``settling`` that it is too
+    recently modified to be taken yet.
+    """
+
+    path: str
+    generation: int
+    upper: int
+    settling: bool = False
+    ignored: str | None = None
+
+
+def parse_generations(text: str | None, where: str) -> dict[str, int]:
+    """``{path: generation}`` from the text of the generations file ``where`` (``None``: none)."""
+    if text is None:
+        return {}
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"generations file {where} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict) or not all(
+        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in data.values()
+    ):
+        raise ValueError(f"generations file {where} must map relative paths to integers >= 0, got {data!r}")
+    return data
+
+
+def check_record_error_policy(value: object, field: str = "on_record_error") -> RecordErrorPolicy:
+    """``value`` as a :data:`RecordErrorPolicy`; a :class:`ConfigError` on ``field`` otherwise."""
+    if value not in RECORD_ERROR_POLICIES:
+        raise ConfigError(field, f"must be one of {', '.join(RECORD_ERROR_POLICIES)}, got {value!r}")
+    return value
 
 
 def cap_frontier(lower: Frontier, upper: Frontier, max_records: int) -> Frontier:

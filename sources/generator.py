@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -44,7 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ConfigError
-from reclock.sources.base import LINEAGE_FIELDS, Output, SourceBase, Split
+from reclock.sources.base import LINEAGE_FIELDS, Output, SettableOffsets, SourceBase, SourceContext, Split
 from reclock.timeline.frontier import Frontier, encode_partition
 
 __all__ = [
@@ -235,14 +235,13 @@ def _check_int(field: str, value: object, minimum: int | None = None) -> int:
     return value
 
 
-class GeneratorSource(SourceBase):
+class GeneratorSource(SourceBase, SettableOffsets):
     """Nexmark-like persons, auctions and bids that appear at ``rate`` and stop at ``limit``.
 
     A plain, picklable value: the reader half (:meth:`read`) needs no clock and no state, so a
-    Spark task can rebuild any split from the source object alone.
+    Spark task can rebuild any split from the source object alone. An offset is one event, so
+    offsets are settable (it never re-reads: a re-read partition would generate other events).
     """
-
-    settable_offsets = True  # an offset is one event
 
     def __init__(
         self,
@@ -288,6 +287,12 @@ class GeneratorSource(SourceBase):
         self._rate = None if rate is None else (Fraction(rate) if isinstance(rate, int) else Fraction(repr(rate)))
         seed_key = _mix_int(self.seed + _GAMMA)
         self._keys = tuple(_mix_int(seed_key ^ _mix_int((i + 1) * _GAMMA)) for i in range(self.partitions))
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> GeneratorSource:
+        """The pipeline's generator: its rate counts from when the pipeline was created
+        (``anchor_ms``), so a restarted job finds the events it had already bound."""
+        return cls(**{"anchor_ms": context.created_at_ms, **options})
 
     def __repr__(self) -> str:
         return (

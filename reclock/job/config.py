@@ -12,6 +12,7 @@ Example::
     lake = "lake"              # relative to the config file
     engine = "spark"           # or "local": the in-driver data plane, no JVM
     batch_interval = 1.0
+    on_record_error = "skip"   # or "fail": a record that does not decode fails the batch
 
     [spark]
     master = "local[2]"
@@ -44,7 +45,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import re
@@ -52,17 +52,17 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from reclock.errors import ConfigError
-from reclock.job.plugins import source_class
+from reclock.job.plugins import source_class, source_options
 from reclock.persist.layout import OutputLayout, layouts_to_dict, parse_layouts
 from reclock.persist.lease import DEFAULT_TTL_S
 from reclock.persist.store import check_storage_options
 from reclock.runtime.settings import Maintenance, Settings
 from reclock.runtime.shaping import Shape, route_outputs, shapes_from_toml, shapes_to_toml
 from reclock.runtime.windows import Window, parse_windows
-from reclock.sources.base import Source
+from reclock.sources.base import RecordErrorPolicy, Source, SourceContext, TakesContext, check_record_error_policy
 
 __all__ = [
     "PipelineConfig",
@@ -76,6 +76,10 @@ __all__ = [
 
 _ENGINES = ("spark", "local")
 _METRICS_KEYS = ("metrics_port", "metrics_host")
+#: A pipeline policy that older definitions (and the source guides) write under ``[source]``.
+_RECORD_ERROR = "on_record_error"
+#: ``[pipeline]`` keys besides the runtime's :class:`Settings`.
+_PIPELINE_KEYS = ("name", "lake", "engine", "status_retention_days", _RECORD_ERROR, *_METRICS_KEYS)
 _MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -106,6 +110,9 @@ class PipelineConfig:
     metrics_host: str = "127.0.0.1"
     #: ``[outputs.<name>]``: outputs shaped from the source's, by SQL (see :mod:`reclock.runtime.shaping`).
     shapes: tuple[Shape, ...] = ()
+    #: What a record that cannot be decoded does: lands in ``_errors`` (``skip``) or fails the
+    #: batch (``fail``). Written in ``[pipeline]``, or in ``[source]`` where it stays as written.
+    on_record_error: RecordErrorPolicy = "skip"
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say, less
@@ -120,6 +127,8 @@ class PipelineConfig:
             pipeline["metrics_port"] = self.metrics_port
         if self.metrics_host != "127.0.0.1":  # stored only when set, so older definitions compare equal
             pipeline["metrics_host"] = self.metrics_host
+        if self.on_record_error != "skip" and _RECORD_ERROR not in self.source:
+            pipeline[_RECORD_ERROR] = self.on_record_error
         pipeline.update({f.name: getattr(self.settings, f.name) for f in fields(Settings)})
         return (
             {
@@ -181,12 +190,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     if not _MIN_TTL_S <= ttl < math.inf:
         raise fail("lease.ttl_seconds", f"must be a finite number of seconds >= {_MIN_TTL_S:g}, got {ttl!r}")
     source = dict(_section(raw, "source", fail, required=True))
-    _only(
-        pipeline,
-        {"name", "lake", "engine", "status_retention_days", *_METRICS_KEYS, *(f.name for f in fields(Settings))},
-        "pipeline.",
-        fail,
-    )
+    _only(pipeline, {*_PIPELINE_KEYS, *(f.name for f in fields(Settings))}, "pipeline.", fail)
     _only(spark, {"master", "conf", "small_batch_offsets", "background_start"}, "spark.", fail)
 
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
@@ -227,6 +231,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     except ConfigError as exc:
         raise fail(f"source.{exc.field}", exc.reason) from None
     _check_source_options(source["kind"], cls, source, fail)
+    on_record_error = _record_error_policy(pipeline, source, fail)
     layouts, shapes = _outputs(_section(raw, "outputs", fail), fail)
     config = PipelineConfig(
         name,
@@ -247,6 +252,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         layouts=layouts,
         metrics_host=metrics_host,
         shapes=shapes,
+        on_record_error=on_record_error,
     )
     from reclock.persist.lake import NAME_PATTERN
 
@@ -306,32 +312,27 @@ def build_source(
     *,
     created_at_ms: int,
     file: str | None = None,
-    generations_path: str | None = None,
     generations_reader: Callable[[], str | None] | None = None,
+    generations_path: str | None = None,
 ) -> Source:
     """Instantiate the configured source; its own validation errors are prefixed ``source.``.
 
-    What only the runtime knows is passed to sources that ask for it by parameter name: the time
-    the pipeline was created (``anchor_ms``) and where dropped files' generations are kept (a
-    local path, or a reader of the file in an object-store lake).
+    What only the runtime knows goes into a :class:`~reclock.sources.base.SourceContext`, which a
+    source class takes in its ``from_config`` (:class:`~reclock.sources.base.TakesContext`): the
+    pipeline, when it was created, its ``on_record_error`` policy, and where dropped files'
+    generations are kept (a reader of that file, and its path in a local lake). Any other class
+    is called with the ``[source]`` options alone.
     """
-    options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k != "kind"}
+    options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k not in ("kind", _RECORD_ERROR)}
     hidden = _hidden(config.source, options)
     try:
         cls = source_class(config.source["kind"])
     except ConfigError as exc:
         raise ConfigError(f"source.{exc.field}", exc.reason, file=file) from None
-    params = inspect.signature(cls).parameters
-    if "anchor_ms" in params:
-        options.setdefault("anchor_ms", created_at_ms)
-    if "generations_path" in params and generations_path is not None:
-        options.setdefault("generations_path", generations_path)
-    if "generations_reader" in params and generations_reader is not None:
-        options.setdefault("generations_reader", generations_reader)
-    if "group_id" in params:
-        options.setdefault("group_id", f"reclock-{config.name}")
+    context = SourceContext(config.name, created_at_ms, config.on_record_error, generations_reader, generations_path)
     try:
-        return cls(**options)
+        built = cls.from_config(options, context) if issubclass(cls, TakesContext) else cls(**options)
+        return cast(Source, built)  # source_class checked the class has the protocol's methods
     except ConfigError as exc:
         message = _conceal(exc.reason, hidden)
         raise ConfigError(f"source.{exc.field}", message, file=file) from None
@@ -381,16 +382,30 @@ def _check_source_options(
     The values themselves are the source's to judge: its constructor raises a ConfigError naming
     the option, which :func:`build_source` prefixes with ``source.``.
     """
-    params = inspect.signature(cls).parameters
-    for name, param in params.items():
-        required = param.default is inspect.Parameter.empty
-        if required and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD) and name not in source:
+    options = source_options(cls)
+    for name in options.required:
+        if name not in source:
             raise fail(f"source.{name}", f"missing (a {kind} source needs it)")
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    if options.open:
         return
     for key in source:
-        if key != "kind" and key not in params:
-            raise fail(f"source.{key}", f"unknown option for a {kind} source (known: {', '.join(sorted(params))})")
+        if key not in ("kind", _RECORD_ERROR) and key not in options.known:
+            known = ", ".join(sorted(options.known))
+            raise fail(f"source.{key}", f"unknown option for a {kind} source (known: {known})")
+
+
+def _record_error_policy(
+    pipeline: Mapping[str, Any], source: Mapping[str, Any], fail: Callable[[str, str], ConfigError]
+) -> RecordErrorPolicy:
+    """``on_record_error``, one policy for the pipeline, from ``[pipeline]`` or (as the source
+    guides long wrote it) from ``[source]``; never from both, which could disagree."""
+    if _RECORD_ERROR in pipeline and _RECORD_ERROR in source:
+        raise fail(f"source.{_RECORD_ERROR}", "is set in [pipeline] too; say it once, in [pipeline]")
+    section = "pipeline" if _RECORD_ERROR in pipeline else "source"
+    try:
+        return check_record_error_policy({**source, **pipeline}.get(_RECORD_ERROR, "skip"))
+    except ConfigError as exc:
+        raise fail(f"{section}.{exc.field}", exc.reason) from None
 
 
 def _expand(value: Any, key: str, file: str | None) -> Any:

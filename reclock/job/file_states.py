@@ -1,6 +1,8 @@
-"""File states of a files pipeline, derived on demand from what is durable in the lake.
+"""File states of a pipeline whose source's partitions are files, derived on demand from what is
+durable in the lake.
 
-A file partition ``(path, generation)`` (see :mod:`reclock.sources.files`) is in exactly one state:
+A file partition ``(path, generation)`` of a :class:`~reclock.sources.base.FileStates` source (the
+files source, or any plugin that declares it) is in exactly one state:
 
 * **Loaded**: it is bound, and the source's outputs hold its binding: ``R(loaded_upper - 1)``
   reaches the upper it was bound at, where ``loaded_upper`` is the least upper over the source's
@@ -12,8 +14,8 @@ A file partition ``(path, generation)`` (see :mod:`reclock.sources.files`) is in
   times with ``stop_on_error = false``. The skip is durable before the batch commits anything.
 * **Unloaded**: listed now but not bound yet, or bound in a batch that its output does not hold
   yet (a batch in flight, or one cut short by a crash, which the next start completes).
-* **Ignored**: listed, but the source never reads it (a dangling link, a link out of the
-  directory, a FIFO, an empty file: see :meth:`reclock.sources.files.FilesSource.listing`).
+* **Ignored**: listed, but the source never reads it (the files source's dangling links, links
+  out of the directory, FIFOs, empty files: see :meth:`reclock.sources.files.FilesSource.listing`).
 
 Why derived and not recorded: the remap table (bindings and skips) and the outputs' commit labels
 are what exactly-once rests on, each written in the same durable step as the data it describes,
@@ -35,7 +37,7 @@ from typing import TypeGuard
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable, Skip
-from reclock.sources.files import FilesSource, ListedFile
+from reclock.sources.base import FileStates, ListedFile, Source
 from reclock.timeline.bindings import Bindings
 from reclock.timeline.frontier import IntoTime, Partition
 
@@ -127,11 +129,13 @@ def derive_file_states(
     return out
 
 
-def read_file_states(lake: Lake, pipeline: str, source: FilesSource) -> list[FileStatus]:
+def read_file_states(lake: Lake, pipeline: str, source: Source) -> list[FileStatus]:
     """:func:`derive_file_states` over the lake's outputs and remap table and the source's listing.
 
-    Read-only: a pipeline that never started has no tables, and none are created.
+    Read-only: a pipeline that never started has no tables, and none are created. ``source`` is
+    a :class:`~reclock.sources.base.FileStates` source.
     """
+    assert isinstance(source, FileStates), f"{source!r} keeps no file states"
     loaded_upper = min(_output_upper(lake, pipeline, o.name) for o in source.outputs())  # first: see the module doc
     path = lake.remap_path(pipeline)
     if lake.store.is_table(path):

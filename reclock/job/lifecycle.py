@@ -31,7 +31,6 @@ from reclock.job.status import HEARTBEAT_S, Status, write_status
 from reclock.job.status_restore import restore_history
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
-from reclock.persist.layout import check_layouts
 from reclock.persist.lease import Lease
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import StatusTables
@@ -39,13 +38,12 @@ from reclock.persist.store import LakePath, Store
 from reclock.runtime import logs
 from reclock.runtime.health import Health
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
-from reclock.runtime.outputs import outputs_of
+from reclock.runtime.outputs import check_layouts, outputs_of
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
-from reclock.sources.base import Source
-from reclock.sources.files import FilesSource
+from reclock.sources.base import FileStates, Source, parse_generations
 from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
 
@@ -106,15 +104,18 @@ def lake_of(config: PipelineConfig, storage_options: Mapping[str, Any] | None = 
 
 
 def file_states(lake: Lake, name: str) -> list[FileStatus]:
-    """Every file a files pipeline has bound or lists now, with its state (none for other sources).
+    """Every file a pipeline has bound or lists now, with its state (none unless its source has
+    :class:`~reclock.sources.base.FileStates`).
 
     Derived from the lake and the directory each time (see :mod:`reclock.job.file_states`), so it is
     right after any crash, whether or not a job is running.
     """
     config, created_at = load(lake, name)
-    if config.source["kind"] != "files":
-        return []
-    return read_file_states(lake, name, _files_source(lake, name, config, created_at))
+    source = source_of(lake, name, config, created_at)
+    try:
+        return read_file_states(lake, name, source) if isinstance(source, FileStates) else []
+    finally:
+        source.close()
 
 
 def drop_file(lake: Lake, name: str, path: str) -> int:
@@ -124,16 +125,25 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
     are (they were correct when loaded), and the new generation starts at offset 0. Any other
     state is refused with a :class:`ConfigError` naming ``path`` (see
     :func:`reclock.job.file_states.drop_refusal`). The generations file is replaced atomically and
-    synced, so a drop, once returned, survives a crash.
+    synced, so a drop, once returned, survives a crash. Only a source with
+    :class:`~reclock.sources.base.FileStates` has files to drop; it reads their generations back
+    through its :class:`~reclock.sources.base.SourceContext`.
     """
     config, created_at = load(lake, name)
-    if config.source["kind"] != "files":
-        raise ConfigError(
-            "source.kind", f"drop-file applies to files pipelines; {name!r} reads {config.source['kind']}"
-        )
-    source = _files_source(lake, name, config, created_at)
-    generations = source.generations()
-    why = drop_refusal(read_file_states(lake, name, source), path, generations.get(path, 0))
+    source = source_of(lake, name, config, created_at)
+    try:
+        if not isinstance(source, FileStates):
+            raise ConfigError(
+                "source.kind",
+                f"drop-file applies to files pipelines (a source that keeps file states); "
+                f"{name!r} reads {config.source['kind']}",
+            )
+        states = read_file_states(lake, name, source)
+    finally:
+        source.close()
+    where = generations_file(lake, name)
+    generations = parse_generations(_text_or_none(lake.store, where), str(where))
+    why = drop_refusal(states, path, generations.get(path, 0))
     if why is not None:
         raise ConfigError("path", f"pipeline {name!r} cannot drop {path!r}: it {why} (see reclock files)")
     generations[path] = generations.get(path, 0) + 1
@@ -169,17 +179,16 @@ def maintain_pipeline(
 def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> Source:
     """The stored pipeline's source, built the same way for the job and for the CLI's questions.
 
-    A files source reads dropped files' generations from the lake: by path from a local lake, and
-    through the lake's store from an object-store lake.
+    A source with file states reads dropped files' generations from the lake, through the lake's
+    store (and knows the file's path when the lake is local, to keep it out of its listing).
     """
     where = generations_file(lake, name)
-    if lake.store.remote:
-        reader = functools.partial(_text_or_none, lake.store, where)
-        return build_source(
-            config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_reader=reader
-        )
     return build_source(
-        config, created_at_ms=created_at, file=str(lake.definition_path(name)), generations_path=str(where)
+        config,
+        created_at_ms=created_at,
+        file=str(lake.definition_path(name)),
+        generations_reader=functools.partial(_text_or_none, lake.store, where),
+        generations_path=None if lake.store.remote else str(where),
     )
 
 
@@ -188,12 +197,6 @@ def _text_or_none(store: Store, path: LakePath) -> str | None:
         return store.read_text(path)
     except FileNotFoundError:
         return None
-
-
-def _files_source(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> FilesSource:
-    source = source_of(lake, name, config, created_at)
-    assert isinstance(source, FilesSource), f"a files pipeline built {source!r}"
-    return source
 
 
 def generations_file(lake: Lake, name: str) -> LakePath:

@@ -42,6 +42,7 @@ from prometheus_client.registry import Collector
 from reclock.persist.asof import CLOSED_UPPER
 from reclock.runtime.health import Health
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
+from reclock.sources.base import FileStates
 from reclock.timeline.frontier import encode_partition, wall_clock_ms
 
 __all__ = ["Metrics"]
@@ -171,7 +172,7 @@ class _PipelineGauges(Collector):
 
 def _partition_lags(pipeline: Pipeline) -> list[tuple[str, int]]:
     probe = pipeline.minter.last_probe
-    if probe is None or probe.is_closed or pipeline.source.is_file_source:
+    if probe is None or probe.is_closed or isinstance(pipeline.source, FileStates):
         return []
     resume = pipeline.resume_frontier()
     return [

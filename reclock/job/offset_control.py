@@ -20,7 +20,7 @@ that per file with ``reclock drop-file``, and for other sources it is refused wi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from reclock.errors import ConfigError, ReclockError
@@ -29,16 +29,8 @@ from reclock.job.control import exclusive, load
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import REREAD_START, USER_SKIP, RemapTable, Skip
-from reclock.sources.base import Source
-from reclock.timeline.frontier import (
-    Frontier,
-    Partition,
-    decode_partition,
-    encode_partition,
-    reread,
-    reread_of,
-    wall_clock_ms,
-)
+from reclock.sources.base import SettableOffsets, Source
+from reclock.timeline.frontier import Frontier, Partition, Reread, decode_partition, encode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_frontier, resume_upper
 
 __all__ = ["OffsetChange", "PartitionOffsets", "offsets", "set_offset"]
@@ -81,7 +73,7 @@ def offsets(lake: Lake, name: str) -> list[PartitionOffsets]:
             PartitionOffsets(
                 encode_partition(p),
                 earliest.get(p),
-                bindings.frontier.offset(p) if reread_of(p) is not None else latest.offset(p),
+                bindings.frontier.offset(p) if isinstance(p, Reread) else latest.offset(p),
                 None if bindings.frontier.is_closed else bindings.frontier.offset(p),
                 None if loaded.is_closed else loaded.offset(p),
                 skipped.get(p, 0),
@@ -119,7 +111,7 @@ def set_offset(
     try:
         source = lifecycle.source_of(lake, name, config, created_at)
         try:
-            if not getattr(source, "settable_offsets", False):
+            if not isinstance(source, SettableOffsets):
                 raise ConfigError(
                     "pipeline",
                     f"pipeline {name!r} reads files: skip or re-read whole files with reclock drop-file",
@@ -145,7 +137,7 @@ def _move(lake: Lake, name: str, source: Source, text: str, offset: int, now: in
     if partition not in known:
         names = ", ".join(sorted(encode_partition(p) for p in known)[:5]) or "none yet"
         raise ConfigError("partition", f"pipeline {name!r} has no partition {text} (known: {names})")
-    if reread_of(partition) is not None:
+    if isinstance(partition, Reread):
         raise ConfigError("partition", f"partition {text} is a re-read; move the partition it copies instead")
     bound = bindings.frontier.offset(partition)
     if offset == bound:
@@ -170,7 +162,7 @@ def _reread(
     source: Source, bound: Frontier, partition: Partition, text: str, offset: int, end: int, time: int
 ) -> tuple[Frontier, list[Skip], OffsetChange]:
     """A new re-read partition bound to ``end``, whose offsets below ``offset`` are never read."""
-    if not getattr(source, "rereads", False):
+    if not isinstance(source, SettableOffsets) or not source.rereads:
         raise ConfigError(
             "offset",
             f"offset {offset} of partition {text} is below {end}, which is already bound: this source cannot "
@@ -179,14 +171,13 @@ def _reread(
     earliest = _earliest(source, [partition]).get(partition)
     if earliest is not None and offset < earliest:
         raise ConfigError("offset", f"offset {offset} of partition {text} is below the source's earliest, {earliest}")
-    copies = [again[1] for p in bound.partitions() if (again := reread_of(p)) is not None and again[0] == partition]
-    copy = reread(partition, max(copies, default=0) + 1)
+    copies = [p.generation for p in bound.partitions() if isinstance(p, Reread) and p.of == partition]
+    copy = Reread(partition, max(copies, default=0) + 1)
     skips = [Skip(time, copy, 0, offset, REREAD_START)] if offset else []
     change = OffsetChange(text, offset, end, time, reread_as=encode_partition(copy))
     return bound.join(Frontier({copy: end})), skips, change
 
 
-def _earliest(source: object, partitions: list[Partition]) -> dict[Partition, int]:
+def _earliest(source: Source, partitions: list[Partition]) -> Mapping[Partition, int]:
     """The source's earliest offsets where it can tell (Kafka's low watermarks)."""
-    earliest = getattr(source, "earliest", None)
-    return earliest(partitions) if earliest is not None else {}
+    return source.earliest(partitions) if isinstance(source, SettableOffsets) else {}

@@ -20,12 +20,14 @@ not import, a class that is not a source, two distributions claiming one name) i
 from __future__ import annotations
 
 import importlib
+import inspect
 import re
+from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 
 from reclock.errors import ConfigError
 
-__all__ = ["BUILT_IN", "ENTRY_POINTS", "installed_plugins", "source_class"]
+__all__ = ["BUILT_IN", "ENTRY_POINTS", "SourceOptions", "installed_plugins", "source_class", "source_options"]
 
 #: The entry point group third-party sources register under.
 ENTRY_POINTS = "reclock.sources"
@@ -65,6 +67,32 @@ def source_class(kind: object) -> type:
         return _load(kind, points[0].value)
     known = ", ".join([*sorted(BUILT_IN), *(f"{name} (plugin)" for name in sorted(plugins))])
     raise ConfigError("kind", f"must be one of {known}, or 'package.module:ClassName', got {kind!r}")
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """The options a source kind takes: the keyword parameters of its class's constructor.
+
+    Only to name a mistaken option before anything is built (a pipeline definition's ``[source]``,
+    a Spark read's ``.option``); what the runtime hands a source is its
+    :class:`~reclock.sources.base.SourceContext`, never a parameter found by its name.
+    """
+
+    required: tuple[str, ...]
+    known: tuple[str, ...]
+    #: The constructor takes ``**kwargs``: any name may be an option.
+    open: bool
+
+
+def source_options(cls: type) -> SourceOptions:
+    """The :class:`SourceOptions` of source class ``cls``."""
+    params = [p for p in inspect.signature(cls).parameters.values() if p.kind is not p.VAR_POSITIONAL]
+    named = [p for p in params if p.kind is not p.VAR_KEYWORD]
+    return SourceOptions(
+        required=tuple(p.name for p in named if p.default is p.empty),
+        known=tuple(p.name for p in named),
+        open=len(named) < len(params),
+    )
 
 
 def _load(kind: str, target: str) -> type:

@@ -26,7 +26,6 @@ are the streaming read's own options, never the source's
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
@@ -39,7 +38,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 from pyspark.sql.types import StructType
 
 from reclock.errors import ConfigError
-from reclock.job.plugins import source_class
+from reclock.job.plugins import source_class, source_options
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, LINEAGE_FIELDS, Source, Split, debezium_schema
 from reclock.timeline.frontier import Frontier, decode_partition, encode_partition
 
@@ -113,7 +112,7 @@ class _ReclockDataSource(DataSource):
     def _source(self) -> Source:
         """The source the options describe; a wrong option is a :class:`ConfigError` naming it."""
         cls = source_class(self.kind)
-        params = inspect.signature(cls).parameters
+        params = source_options(cls).known
         arguments: dict[str, Any] = {}
         for key, text in self.options.items():
             name = _ALIASES.get(key.lower(), key.lower())

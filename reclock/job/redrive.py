@@ -33,7 +33,7 @@ from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import append_unlabelled, table_schema, write_data_file
 from reclock.runtime.rows import output_rows
-from reclock.sources.base import ERRORS, Source
+from reclock.sources.base import ERRORS, SettableOffsets, Source
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, Frontier, Partition, decode_partition
 
 __all__ = ["RedriveReport", "redrive"]
@@ -113,7 +113,7 @@ def _read_again(
     pieces: dict[str, list[pa.Table]] = defaultdict(list)
     decoded = gone = 0
     for partition, offsets in by_partition.items():
-        if getattr(source, "settable_offsets", False):
+        if isinstance(source, SettableOffsets):
             ranges = [(o, o + 1) for o in sorted(offsets)]
         else:
             ranges = [(0, bound.offset(partition))]

@@ -24,6 +24,7 @@ from reclock.job.file_states import FileState, derive_file_states
 from reclock.persist.lake import Lake
 from reclock.persist.status_tables import StatusTables, read_status_table
 from reclock.runtime.pipeline import BatchState, Pipeline
+from reclock.sources.base import FileStates
 from reclock.timeline.frontier import encode_partition, wall_clock_ms
 
 __all__ = ["restore_history"]
@@ -49,7 +50,7 @@ def restore_history(lake: Lake, tables: StatusTables, pipeline: Pipeline) -> Non
 
 
 def _restore_files(lake: Lake, tables: StatusTables, pipeline: Pipeline, since: int) -> None:
-    if not pipeline.source.is_file_source:
+    if not isinstance(pipeline.source, FileStates):
         return
     recorded = {
         (r["path"], r["generation"], r["state"])

@@ -10,6 +10,7 @@ from reclock.persist.status_tables import StatusTables
 from reclock.runtime.health import Health
 from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.reports import BatchReport, BatchState
+from reclock.sources.base import FileStates
 from reclock.timeline.frontier import encode_partition
 
 __all__ = ["in_progress", "record_batch", "record_state"]
@@ -39,6 +40,7 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
     """
     if report.idle:
         return
+    files_source = isinstance(pipeline.source, FileStates)
     phases = {f"{phase}_ms": ms for phase, ms in report.phases.items()}
     rows = []
     for r in report.results:
@@ -91,8 +93,9 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
     )
     files = []
     if report.state is BatchState.SUCCEEDED:
-        files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in report.results]
-        files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
+        if files_source:
+            files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in report.results]
+            files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
         for r in report.results:
             if r.earliest is not None:
                 first[r.partition] = min(first.get(r.partition, r.earliest), r.earliest)
@@ -110,7 +113,7 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
                 for p, o in report.upper.items()
                 # A file's offsets never change once it is loaded: a files batch writes the files it
                 # moved, not a row for every file ever loaded (``reclock files`` is the full view).
-                if not pipeline.source.is_file_source or o != report.lower.offset(p)
+                if not files_source or o != report.lower.offset(p)
             ],
         )
     tables.append("files", [row for row in files if row is not None])
@@ -128,7 +131,8 @@ def in_progress(pipeline: Pipeline, report: BatchReport) -> dict:
 
 
 def _file_row(pipeline: Pipeline, partition: object, size: int, state: str, report: BatchReport) -> dict | None:
-    if not pipeline.source.is_file_source or not isinstance(partition, tuple):
+    """The ``files`` row of a partition of a :class:`FileStates` source, ``(path, generation)``."""
+    if not isinstance(partition, tuple):
         return None
     path, generation = partition
     return {

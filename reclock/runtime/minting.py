@@ -17,7 +17,7 @@ from reclock.errors import DefiniteSourceError
 from reclock.persist.remap import RemapTable
 from reclock.runtime.settings import Settings
 from reclock.sources.base import Source
-from reclock.timeline.frontier import Frontier, encode_partition, reread_of
+from reclock.timeline.frontier import Frontier, Partition, Reread, encode_partition
 
 __all__ = ["Interrupted", "Minter"]
 
@@ -62,7 +62,7 @@ class Minter:
                 probe = self._checked[2]  # the same values as last time: already joined and checked
             else:
                 probe = bound.join(raw) if self.source.forgets_partitions else raw
-                rereads = {p: o for p, o in bound.items() if reread_of(p) is not None}
+                rereads: dict[Partition, int] = {p: o for p, o in bound.items() if isinstance(p, Reread)}
                 if rereads:  # bound once, to a fixed end, by set-offsets: no probe names them
                     probe = probe.join(Frontier(rereads))
                 self._check(bound, probe)

@@ -1,16 +1,19 @@
 """The outputs a pipeline writes: the source's, checked once, and ``_errors`` added by the runtime.
 
 Checked when a pipeline is built, so a source that declares a bad output fails at ``create`` with
-one line naming it, never halfway through a batch.
+one line naming it, never halfway through a batch; so are their layouts (``[outputs.<name>]``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
-from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
+from reclock.persist.layout import OutputLayout, output_layouts
+from reclock.sources.base import ERRORS, ERRORS_SCHEMA, KeepsUnknownFields, Output, Source
 
-__all__ = ["outputs_of"]
+__all__ = ["check_layouts", "layouts_of", "outputs_of"]
 
 
 def outputs_of(source: Source) -> dict[str, Output]:
@@ -30,3 +33,28 @@ def outputs_of(source: Source) -> dict[str, Output]:
         outputs[output.name] = output
     outputs[ERRORS] = Output(ERRORS, ERRORS_SCHEMA)
     return outputs
+
+
+def layouts_of(
+    source: Source, outputs: Mapping[str, Output], layouts: Mapping[str, OutputLayout]
+) -> dict[str, OutputLayout]:
+    """``layouts`` checked against ``outputs``; a source whose outputs evolve their schema is asked
+    to keep the fields they do not declare, which only a :class:`KeepsUnknownFields` source can."""
+    checked = output_layouts(outputs, layouts)
+    evolving = sorted(name for name, layout in checked.items() if layout.schema_evolution != "none")
+    if evolving:
+        if not isinstance(source, KeepsUnknownFields):
+            raise ConfigError(
+                f"outputs.{evolving[0]}.schema_evolution",
+                f"a {type(source).__name__} cannot report fields its outputs do not declare",
+            )
+        source.keep_unknown_fields(evolving)
+    return checked
+
+
+def check_layouts(source: Source, layouts: Mapping[str, OutputLayout], *, file: str | None = None) -> None:
+    """At ``create``: ``[outputs.<name>]`` names the source's outputs and suits their formats."""
+    try:
+        layouts_of(source, {o.name: o for o in source.outputs()}, layouts)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, file=file) from None

@@ -42,7 +42,7 @@ from reclock.errors import (
 )
 from reclock.persist.evolution import SchemaEvolutionError, refuse_new_fields
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
-from reclock.persist.layout import OutputLayout, output_layouts
+from reclock.persist.layout import OutputLayout
 from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
@@ -51,7 +51,7 @@ from reclock.runtime.health import Health
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
-from reclock.runtime.outputs import outputs_of
+from reclock.runtime.outputs import layouts_of, outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane
 from reclock.runtime.planning import in_split_order, plan_batch, without_skips
 from reclock.runtime.reports import BatchFailed, BatchReport, BatchState
@@ -109,7 +109,7 @@ class Pipeline:
         self._on_start: Callable[[BatchReport], None] = lambda report: None
         self._fence = fence or (lambda: None)
         self.outputs, self.routes = route_outputs(outputs_of(source), shapes)
-        self.layouts = output_layouts(source, self.outputs, layouts or {})
+        self.layouts = layouts_of(source, self.outputs, layouts or {})
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
         self.sinks = {

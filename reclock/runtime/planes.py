@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 from reclock.runtime.task import BatchPlan, SplitResult, run_splits
-from reclock.sources.base import Split
+from reclock.sources.base import GroupReads, Split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,17 +32,17 @@ class DataPlane(Protocol):
 class LocalDataPlane:
     """Runs every split in the driver process: no per-job cost.
 
-    A source whose reads may run concurrently (``parallel_reads``, as the Kafka source's) is read
-    by ``threads`` threads, each a task of its own (splits packed as for Spark): parsing, JSON
-    decoding and parquet writing release the GIL, so two cores decode two partitions at once.
-    Other sources are read split after split, as their authors wrote them.
+    A source whose group reads may run concurrently (:class:`GroupReads` with ``parallel_reads``,
+    as the Kafka source's) is read by ``threads`` threads, each a task of its own (splits packed
+    as for Spark): parsing, JSON decoding and parquet writing release the GIL, so two cores decode
+    two partitions at once. Other sources are read split after split, as their authors wrote them.
     """
 
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads if threads is not None else min(4, os.cpu_count() or 1)
 
     def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
-        if self.threads < 2 or len(splits) < 2 or not getattr(plan.source, "parallel_reads", False):
+        if self.threads < 2 or len(splits) < 2 or not _parallel(plan):
             return run_splits(plan, list(splits))
         groups = _pack(splits, self.threads)
         with ThreadPoolExecutor(len(groups), thread_name_prefix="reclock-task") as pool:
@@ -68,6 +68,10 @@ class SparkDataPlane:
         groups = _pack(splits, max(1, context.defaultParallelism * self.tasks_per_core))
         rdd = context.parallelize(groups, len(groups))
         return rdd.flatMap(functools.partial(_run_group, plan)).collect()
+
+
+def _parallel(plan: BatchPlan) -> bool:
+    return isinstance(plan.source, GroupReads) and plan.source.parallel_reads
 
 
 def _pack(splits: Sequence[Split], bins: int) -> list[list[Split]]:

@@ -38,7 +38,7 @@ from reclock.persist.sink import DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
 from reclock.runtime.rows import output_rows, split_null_keys, unwrap
 from reclock.runtime.shaping import Route, shape_batch
-from reclock.sources.base import ERRORS, Source, Split
+from reclock.sources.base import ERRORS, GroupReads, Source, Split
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
 from reclock.timeline.stamp import UNBOUND, Stamper
 
@@ -92,12 +92,11 @@ class SplitResult:
 
 
 def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
-    """One task's splits: as one stream if the source reads groups (``read_group``), else split
-    by split. A group that fails is read again split by split, so the results name exactly the
-    splits that fail (the pipeline may skip those ranges, and must not skip the others)."""
-    read_group = getattr(plan.source, "read_group", None)
-    if read_group is not None and len(splits) > 1:
-        results = run_group(plan, splits, read_group)
+    """One task's splits: as one stream if the source reads groups (:class:`GroupReads`), else
+    split by split. A group that fails is read again split by split, so the results name exactly
+    the splits that fail (the pipeline may skip those ranges, and must not skip the others)."""
+    if isinstance(plan.source, GroupReads) and len(splits) > 1:
+        results = run_group(plan, splits, plan.source.read_group)
         if results is not None:
             return results
     return [run_split(plan, split) for split in splits]

@@ -11,7 +11,8 @@ Frontiers are partially ordered pointwise and form a lattice under :meth:`Fronti
 and :meth:`Frontier.meet` (min); the closed frontier is the top, the empty one the bottom.
 
 Partition ids are hashable values; those that reach a Delta table must be ``int``, ``str`` or
-tuples of them, which :func:`encode_partition` turns into one canonical string.
+tuples of them, or a :class:`Reread` of one, which :func:`encode_partition` turns into one
+canonical string.
 
 *Into time* is milliseconds since the epoch (:func:`wall_clock_ms` is the default clock). An
 output whose newest commit is labelled with binding time ``T`` holds every row with
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Hashable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TypeAlias
 
 __all__ = [
@@ -31,16 +33,14 @@ __all__ = [
     "MAX_OFFSET",
     "OFFSET",
     "PARTITION",
-    "REREAD",
     "Frontier",
     "IntoTime",
     "Offset",
     "Partition",
+    "Reread",
     "decode_partition",
     "encode_partition",
     "label_upper",
-    "reread",
-    "reread_of",
     "wall_clock_ms",
 ]
 
@@ -181,12 +181,42 @@ class Frontier:
         return cls({decode_partition(p): o for p, o in data.get("offsets", {}).items()})
 
 
+#: How the last element of a re-read partition's encoding begins: ``["orders",3,"@reread-1"]`` is
+#: the first re-read of Kafka partition ``("orders", 3)``. The persisted form only, read back by
+#: :func:`decode_partition` (a tuple that ends so is reserved for it).
+_REREAD = "@reread-"
+
+
+@dataclass(frozen=True, order=True)
+class Reread:
+    """The partition a re-read of ``of`` lands under: the same records again, under their own identity.
+
+    A re-read loads records a second time, so they need an identity of their own, as a dropped
+    file gets a new generation: the lineage says which copy a row is, and the bindings of the
+    original partition are untouched. A re-read partition is bound once, to a fixed end, by
+    ``reclock set-offsets``; no probe ever names it. A source reads its offsets from ``of``.
+    """
+
+    of: Partition
+    generation: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.of, Reread) or not isinstance(self.generation, int) or self.generation < 1:
+            raise ValueError(f"a re-read copies a source partition, generation >= 1; got {self!r}")
+
+
 def encode_partition(partition: Partition) -> str:
     """Canonical, reversible string for a partition id, readable for plain names.
 
     ``"gen-0" -> gen-0``, ``3 -> 3``, ``("orders", 3) -> ["orders",3]``; a string that would read
-    back as something else (``"12"``, ``"[x"``) is JSON-quoted.
+    back as something else (``"12"``, ``"[x"``) is JSON-quoted. A :class:`Reread` is its original's
+    coordinates followed by ``"@reread-<generation>"`` (``["orders",3,"@reread-1"]``), the form
+    remap tables have always stored: a source's own tuple must not end like that, or it reads back
+    as a re-read.
     """
+    if isinstance(partition, Reread):
+        base = partition.of if isinstance(partition.of, tuple) else (partition.of,)
+        return _encode_tuple((*base, f"{_REREAD}{partition.generation}"), partition)
     if isinstance(partition, bool):
         raise TypeError(f"partition id must be int, str or a tuple of them, got {partition!r}")
     if isinstance(partition, int):
@@ -195,48 +225,38 @@ def encode_partition(partition: Partition) -> str:
         if partition and partition[0] not in '["' and not _looks_like_int(partition):
             return partition
         return json.dumps(partition)
-    if isinstance(partition, tuple) and all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in partition):
-        return json.dumps(list(partition), separators=(",", ":"))
+    if isinstance(partition, tuple):
+        return _encode_tuple(partition, partition)
     raise TypeError(f"partition id must be int, str or a tuple of them, got {partition!r}")
 
 
-#: How the last element of a re-read partition begins: ``("orders", 3, "@reread-1")`` is the first
-#: re-read of Kafka partition ``("orders", 3)`` (see :func:`reread`).
-REREAD = "@reread-"
-
-
-def reread(partition: Partition, generation: int) -> Partition:
-    """The partition a re-read of ``partition`` lands under: its coordinates, then the generation.
-
-    A re-read loads records a second time, so they need an identity of their own, as a dropped
-    file gets a new generation: the lineage says which copy a row is, and the bindings of the
-    original partition are untouched. A re-read partition is bound once, to a fixed end, by
-    ``reclock set-offsets``; no probe ever names it.
-    """
-    base = partition if isinstance(partition, tuple) else (partition,)
-    return (*base, f"{REREAD}{generation}")
-
-
-def reread_of(partition: Partition) -> tuple[Partition, int] | None:
-    """``(original partition, generation)`` of a re-read partition, ``None`` for any other."""
-    if not isinstance(partition, tuple) or not partition:
-        return None
-    last = partition[-1]
-    if not isinstance(last, str) or not last.startswith(REREAD) or not last[len(REREAD) :].isdigit():
-        return None
-    base = partition[:-1]
-    return (base[0] if len(base) == 1 else base), int(last[len(REREAD) :])
+def _encode_tuple(elements: tuple, partition: Partition) -> str:
+    if not all(isinstance(x, (int, str)) and not isinstance(x, bool) for x in elements):
+        raise TypeError(f"partition id must be int, str or a tuple of them, got {partition!r}")
+    return json.dumps(list(elements), separators=(",", ":"))
 
 
 def decode_partition(text: str) -> Partition:
-    """Inverse of :func:`encode_partition`."""
+    """Inverse of :func:`encode_partition`; the one place a re-read's persisted form is parsed."""
     if text.startswith("["):
-        return tuple(json.loads(text))
+        elements = tuple(json.loads(text))
+        return _as_reread(elements) or elements
     if text.startswith('"'):
         return json.loads(text)
     if _looks_like_int(text):
         return int(text)
     return text
+
+
+def _as_reread(elements: tuple) -> Reread | None:
+    """The :class:`Reread` whose encoding has these elements: coordinates, then ``@reread-<n>``."""
+    if len(elements) < 2 or not isinstance(elements[-1], str) or not elements[-1].startswith(_REREAD):
+        return None
+    generation = elements[-1][len(_REREAD) :]
+    if not generation.isdigit() or not generation.isascii() or int(generation) < 1:
+        return None
+    base = elements[:-1]
+    return Reread(base[0] if len(base) == 1 else base, int(generation))
 
 
 def _looks_like_int(text: str) -> bool:

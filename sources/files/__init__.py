@@ -6,9 +6,10 @@ Definitions, and why each matters to exactly-once ingestion:
 * **Partition.** File ``f`` is the partition ``(relative_path, generation)``: ``relative_path`` is
   relative to the directory (or to the fixed, magic-free prefix directory of a glob) with ``/``
   separators, ``generation`` an ``int`` that starts at 0. Dropping a file
-  (``ALTER PIPELINE ... DROP FILE``) makes the runtime bump its generation in the JSON file at
-  ``generations_path`` (``{relative_path: generation}``; missing means all 0; for a lake in an
-  object store the runtime gives ``generations_reader``, which returns that file's text). The file then
+  (``reclock drop-file``) makes the runtime bump its generation in the JSON file it keeps in the
+  lake (``{relative_path: generation}``; missing means all 0), which a pipeline's source reads
+  through its :class:`~reclock.sources.base.SourceContext` (``generations_path`` or
+  ``generations_reader`` when the source is built by hand). The file then
   reappears as a *new* partition at offset 0 and is ingested again; the old partition stays
   complete in every frontier, so nothing is ever read twice by accident.
 * **Offsets.** CSV and JSON lines: a record's offset is the byte position in the file where its
@@ -80,7 +81,7 @@ to the split its first byte is in (see :meth:`FilesSource.splits`). A compressed
 its compressed size and its records all have offset 0 (see :mod:`~reclock.sources.files.decompress`).
 """
 
-from reclock.sources.files.listing import ListedFile
+from reclock.sources.base import ListedFile
 from reclock.sources.files.reader import CONVERT, PARSE, FileSplit
 from reclock.sources.files.source import FilesSource
 

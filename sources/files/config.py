@@ -21,7 +21,6 @@ from reclock.sources.base import LINEAGE_FIELDS
 __all__ = [
     "COLUMN_TYPES",
     "FORMATS",
-    "POLICIES",
     "RESERVED",
     "UTC",
     "FileFormat",
@@ -46,9 +45,6 @@ COLUMN_TYPES: Mapping[str, pa.DataType] = {
     "timestamp": UTC,
     "date": pa.date32(),
 }
-
-#: What ``on_record_error`` may say: ``fail`` the batch, or ``skip`` the record to ``_errors``.
-POLICIES = ("fail", "skip")
 
 #: Column names reclock adds to every batch; a file's own columns may not use them.
 RESERVED = frozenset(f.name for f in LINEAGE_FIELDS)

@@ -15,7 +15,6 @@ dropped) is read here too: with the listing it makes the partitions the probe na
 from __future__ import annotations
 
 import glob
-import json
 import os
 import stat
 from collections.abc import Iterator, Mapping
@@ -23,18 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import BinaryIO
 
+from reclock.sources.base import parse_generations
 from reclock.sources.files.config import FileFormat
 from reclock.sources.files.decompress import inner_name
 from reclock.timeline.frontier import Partition
 
 __all__ = [
     "Listed",
-    "ListedFile",
     "absolute",
     "examine",
     "format_of",
     "open_regular",
-    "parse_generations",
     "read_generations",
     "scan",
     "unpack",
@@ -47,22 +45,6 @@ _EXTENSIONS: Mapping[str, FileFormat] = {
     ".ndjson": "jsonl",
     ".parquet": "parquet",
 }
-
-
-@dataclass(frozen=True)
-class ListedFile:
-    """One candidate file as the source sees it now (see :meth:`~reclock.sources.files.FilesSource.listing`).
-
-    ``path`` is relative with ``/`` separators, ``generation`` its current one; ``upper`` is in
-    bytes (rows for Parquet), 0 for an ignored file; ``ignored`` says why the source never reads
-    it (``None`` when it does); ``settling`` that it is too recently modified to be taken yet.
-    """
-
-    path: str
-    generation: int
-    upper: int
-    settling: bool
-    ignored: str | None
 
 
 @dataclass(frozen=True)
@@ -171,21 +153,6 @@ def read_generations(path: str | None) -> dict[str, int]:
     except FileNotFoundError:
         return {}
     return parse_generations(text, path)
-
-
-def parse_generations(text: str | None, where: str) -> dict[str, int]:
-    """``{relative_path: generation}`` from the text of the generations file ``where`` (``None``: none)."""
-    if text is None:
-        return {}
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"generations file {where} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict) or not all(
-        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in data.values()
-    ):
-        raise ValueError(f"generations file {where} must map relative paths to integers >= 0, got {data!r}")
-    return data
 
 
 def open_regular(path: str) -> BinaryIO:

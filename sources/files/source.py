@@ -19,19 +19,24 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from reclock.sources.base import ERRORS, Output, SourceBase, Split
-from reclock.sources.files.config import FORMATS, POLICIES, FileFormat, check_char, check_columns
+from reclock.sources.base import (
+    ERRORS,
+    FileStates,
+    GroupReads,
+    KeepsUnknownFields,
+    ListedFile,
+    Output,
+    SourceBase,
+    SourceContext,
+    Split,
+    check_record_error_policy,
+    parse_generations,
+)
+from reclock.sources.files.config import FORMATS, FileFormat, check_char, check_columns
 from reclock.sources.files.decompress import compression_of
 from reclock.sources.files.discovery import Discovery, LocalNames, StoreNames
 from reclock.sources.files.group import read_group
-from reclock.sources.files.listing import (
-    Listed,
-    ListedFile,
-    format_of,
-    parse_generations,
-    read_generations,
-    unpack,
-)
+from reclock.sources.files.listing import Listed, format_of, read_generations, unpack
 from reclock.sources.files.parquet import first_schema
 from reclock.sources.files.probe import Probe, settling
 from reclock.sources.files.reader import FileReader, FileSplit
@@ -46,18 +51,17 @@ def _wall_clock_ms() -> int:
     return int(time.time() * 1000)
 
 
-class FilesSource(SourceBase):
+class FilesSource(SourceBase, GroupReads, FileStates, KeepsUnknownFields):
     """Files under a directory or matching a glob, landed whole, exactly once per generation.
 
     A plain, picklable value: :meth:`read` needs nothing but the source's settings and the split,
     so a Spark task can read any file the driver bound. The clock and the probe's caches stay on
-    the driver.
+    the driver. Partitions are ``(path, generation)`` (:class:`~reclock.sources.base.FileStates`):
+    the job keeps each file's state, and a drop bumps its generation.
     """
 
     #: A file deleted, archived or dropped leaves the probe; that is not a recreated source.
     forgets_partitions = True
-    #: Partitions are ``(path, generation)``: the runtime keeps the ``files`` status table for them.
-    is_file_source = True
 
     def __init__(
         self,
@@ -115,9 +119,7 @@ class FilesSource(SourceBase):
         self.csv_quote = check_char("csv_quote", csv_quote)
         if self.csv_delimiter == self.csv_quote:
             raise ConfigError("csv_delimiter", f"must differ from csv_quote ({csv_quote!r})")
-        if on_record_error not in POLICIES:
-            raise ConfigError("on_record_error", f"must be one of {', '.join(POLICIES)}, got {on_record_error!r}")
-        self.on_record_error = on_record_error
+        self.on_record_error = check_record_error_policy(on_record_error)
         if not isinstance(max_files_per_batch, int) or isinstance(max_files_per_batch, bool) or max_files_per_batch < 1:
             raise ConfigError("max_files_per_batch", f"must be an integer >= 1, got {max_files_per_batch!r}")
         self.max_files_per_batch = max_files_per_batch
@@ -171,6 +173,17 @@ class FilesSource(SourceBase):
             self.store,
             csv_multiline,
         )
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> FilesSource:
+        """The pipeline's files source: dropped files' generations are the ones the runtime keeps
+        in the lake, and bad records follow the pipeline's ``on_record_error``."""
+        kept: dict[str, Any] = {}
+        if context.generations_path is not None:  # a local lake: the file is also kept out of the listing
+            kept["generations_path"] = context.generations_path
+        elif context.generations_reader is not None:
+            kept["generations_reader"] = context.generations_reader
+        return cls(**{**kept, **options, "on_record_error": context.on_record_error})
 
     def __repr__(self) -> str:
         where = self.pattern if self.pattern is not None else self.root

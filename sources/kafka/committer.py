@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from reclock.errors import describe
 from reclock.sources.kafka.clients import KafkaClients
-from reclock.sources.kafka.config import topic_partition
+from reclock.sources.kafka.config import kafka_partition
 from reclock.timeline.frontier import Frontier, Partition
 
 __all__ = ["commit_offsets"]
@@ -33,7 +33,7 @@ def commit_offsets(
     from kafka.structs import OffsetAndMetadata
 
     offsets = {
-        TopicPartition(*topic_partition(p)): OffsetAndMetadata(o, "", -1) for p, o in frontier.items() if owns(p)
+        TopicPartition(*kafka_partition(p)): OffsetAndMetadata(o, "", -1) for p, o in frontier.items() if owns(p)
     }
     if not offsets:
         return

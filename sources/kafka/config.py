@@ -17,14 +17,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal
 
 import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
 from reclock.sources.decode import Decoder, as_schema, make_decoder
-from reclock.timeline.frontier import Partition, decode_partition, encode_partition, reread_of
+from reclock.timeline.frontier import Partition, Reread, decode_partition, encode_partition
 
 __all__ = [
     "METADATA_COLUMNS",
@@ -37,8 +37,8 @@ __all__ = [
     "check_choice",
     "check_selection",
     "check_start",
+    "kafka_partition",
     "output_name_for",
-    "topic_partition",
 ]
 
 Policy = Literal["fail", "skip"]
@@ -53,8 +53,9 @@ METADATA_COLUMNS: dict[str, pa.DataType] = {
     "timestamp": pa.timestamp("ms", tz="UTC"),
 }
 
-#: The choices of ``on_record_error`` and ``on_offset_lost``.
-POLICIES: tuple[Policy, ...] = ("fail", "skip")
+#: The choices of ``on_offset_lost`` (``on_record_error`` is the pipeline's, see
+#: :data:`~reclock.sources.base.RecordErrorPolicy`).
+POLICIES = ("fail", "skip")
 _START_WORDS = ("earliest", "latest")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _OUTPUT_KEYS = frozenset(
@@ -117,9 +118,8 @@ class Routing:
     def owns(self, partition: Partition) -> bool:
         """Whether ``partition`` is a ``(topic, partition)`` of this source, or a re-read of one
         (frontiers the runtime hands back may name other sources' partitions)."""
-        again = reread_of(partition)
-        if again is not None:
-            partition = again[0]
+        if isinstance(partition, Reread):
+            partition = partition.of
         return (
             isinstance(partition, tuple)
             and len(partition) == 2
@@ -130,12 +130,10 @@ class Routing:
         )
 
 
-def topic_partition(partition: Partition) -> tuple[str, int]:
-    """The Kafka ``(topic, partition)`` a partition of this source reads: itself, or the one a
-    re-read ``(topic, partition, "reread-N")`` copies. Only for partitions :meth:`Routing.owns`
-    accepts; the runtime types partitions as any hashable, this is where the source knows better."""
-    kafka = cast("tuple[str, int]", partition)
-    return kafka[0], kafka[1]
+def kafka_partition(partition: Partition) -> tuple[str, int]:
+    """The ``(topic, partition)`` a partition of this source reads: its own, or the one a
+    :class:`~reclock.timeline.frontier.Reread` copies."""
+    return partition.of if isinstance(partition, Reread) else partition  # type: ignore[return-value]
 
 
 def output_name_for(topic: str) -> str:
@@ -178,11 +176,7 @@ def check_selection(topics: Any, pattern: Any) -> tuple[tuple[str, ...], str | N
     return (), pattern
 
 
-_Choice = TypeVar("_Choice", bound=str)
-
-
-def check_choice(name: str, value: Any, choices: tuple[_Choice, ...]) -> _Choice:
-    """``value``, one of ``choices`` (typed as they are: a ``Literal``'s values give that ``Literal``)."""
+def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
     return value
@@ -298,7 +292,6 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     if key_format not in ("bytes", "text"):
         raise ConfigError(f"{where}.key_format", f"must be 'bytes' or 'text', got {key_format!r}")
     metadata = _check_metadata(opts["metadata"], f"{where}.metadata")
-    # A debezium route's rows are the row schema (checked present above), not the envelope it is decoded with.
     fields = list(row_schema) if row_schema is not None and envelope == "debezium" else list(decoder.schema)
     for meta, column in metadata:
         ftype = pa.string() if meta == "key" and key_format == "text" else METADATA_COLUMNS[meta]

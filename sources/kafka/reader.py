@@ -27,10 +27,10 @@ import numpy as np
 import pyarrow as pa
 
 from reclock.errors import DefiniteSourceError
-from reclock.sources.base import ERRORS, Split, error_batch
+from reclock.sources.base import ERRORS, RecordErrorPolicy, Split, error_batch
 from reclock.sources.kafka.batches import Fetched
 from reclock.sources.kafka.clients import KafkaClients, close_client
-from reclock.sources.kafka.config import KafkaRoute, Policy, Routing, topic_partition
+from reclock.sources.kafka.config import KafkaRoute, Policy, Routing, kafka_partition
 from reclock.sources.kafka.decoding import Pending
 from reclock.sources.kafka.fetcher import Fetcher, OffsetLost, lease
 from reclock.sources.kafka.probe import low_watermarks
@@ -51,7 +51,7 @@ def read_splits(
     *,
     flush_rows: int,
     on_offset_lost: Policy,
-    on_record_error: Policy,
+    on_record_error: RecordErrorPolicy,
     fetcher: Fetcher | None = None,
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Yield the records of ``splits`` (each exactly ``[start, end)``) as ``(output, batch)``
@@ -60,10 +60,9 @@ def read_splits(
     splits; otherwise they are fetched on a client of their own."""
     routes = []
     for split in splits:
-        topic = topic_partition(split.partition)[0]
-        route = routing.route(topic)
+        route = routing.route(_kafka(split)[0])
         if route is None:
-            raise ValueError(f"topic {topic!r} is not routed to any output of this source")
+            raise ValueError(f"topic {_kafka(split)[0]!r} is not routed to any output of this source")
         routes.append(route)
     read = _Read(clients, flush_rows, on_offset_lost, on_record_error == "fail")
     if fetcher is not None:
@@ -151,7 +150,7 @@ class _Read:
 
 def _kafka(split: Split) -> tuple[str, int]:
     """The Kafka partition a split reads: its own, or the one a re-read partition copies."""
-    return topic_partition(split.partition)
+    return kafka_partition(split.partition)
 
 
 def lost_batch(encoded: str, partition: tuple[str, int], start: int, stop: int) -> pa.RecordBatch:

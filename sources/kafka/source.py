@@ -18,7 +18,17 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from reclock.sources.base import Output, SourceBase, Split
+from reclock.sources.base import (
+    GroupReads,
+    KeepsUnknownFields,
+    Output,
+    RecordErrorPolicy,
+    SettableOffsets,
+    SourceBase,
+    SourceContext,
+    Split,
+    check_record_error_policy,
+)
 from reclock.sources.kafka.batches import Fetched
 from reclock.sources.kafka.clients import KafkaClients, check_client_settings
 from reclock.sources.kafka.committer import commit_offsets
@@ -32,18 +42,18 @@ from reclock.sources.kafka.config import (
     check_choice,
     check_selection,
     check_start,
-    topic_partition,
+    kafka_partition,
 )
 from reclock.sources.kafka.decoding import decode
 from reclock.sources.kafka.probe import Prober
 from reclock.sources.kafka.reader import read_splits
 from reclock.sources.kafka.splits import KafkaSplit, cut
-from reclock.timeline.frontier import Frontier, Partition, reread_of
+from reclock.timeline.frontier import Frontier, Partition, Reread
 
 __all__ = ["KafkaSource"]
 
 
-class KafkaSource(SourceBase):
+class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
     """Kafka topics as a reclock source; see :mod:`reclock.sources.kafka` for the contract.
 
     Topic selection: ``topics`` (a list) or ``pattern`` (a regex matched against whole topic
@@ -63,7 +73,7 @@ class KafkaSource(SourceBase):
 
     #: Reads share nothing but the client pool, which is locked: threads may read at once.
     parallel_reads = True
-    settable_offsets = True
+    #: An offset is one record; a partition set below its bound is read again as a Reread.
     rereads = True
 
     def __init__(
@@ -83,7 +93,7 @@ class KafkaSource(SourceBase):
         metadata: Sequence[str] | Mapping[str, str] = (),
         key_format: str = "bytes",
         start: str | Mapping[Any, int] = "earliest",
-        on_record_error: Policy = "skip",
+        on_record_error: RecordErrorPolicy = "skip",
         on_offset_lost: Policy = "fail",
         group_id: str | None = None,
         client_settings: Mapping[str, Any] | None = None,
@@ -92,8 +102,8 @@ class KafkaSource(SourceBase):
     ) -> None:
         servers = check_bootstrap(bootstrap_servers)
         selected_topics, selected_pattern = check_selection(topics, pattern)
-        self.on_record_error: Policy = check_choice("on_record_error", on_record_error, POLICIES)
-        self.on_offset_lost: Policy = check_choice("on_offset_lost", on_offset_lost, POLICIES)
+        self.on_record_error = check_record_error_policy(on_record_error)
+        self.on_offset_lost: Policy = check_choice("on_offset_lost", on_offset_lost, POLICIES)  # type: ignore[assignment]
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ConfigError("group_id", "must be a non-empty string or None")
         self.group_id = group_id
@@ -119,6 +129,13 @@ class KafkaSource(SourceBase):
         self._routing = Routing(selected_topics, selected_pattern, routes)
         self._clients = KafkaClients(servers, settings, float(read_timeout_s))
         self._prober = Prober(self._clients, self._routing, self.start)
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> KafkaSource:
+        """The pipeline's Kafka source: it commits to the consumer group ``reclock-<pipeline>``
+        unless ``group_id`` says otherwise, and bad records follow the pipeline's ``on_record_error``."""
+        group = {"group_id": f"reclock-{context.pipeline}"}
+        return cls(**{**group, **options, "on_record_error": context.on_record_error})
 
     @property
     def bootstrap_servers(self) -> str | list[str]:
@@ -175,12 +192,12 @@ class KafkaSource(SourceBase):
             raise ValueError("a Kafka source never closes; splits need a finite upper")
         todo = sorted(
             ((p, lower.offset(p), end) for p, end in upper.items() if end > lower.offset(p) and self._owns(p)),
-            key=lambda item: topic_partition(item[0]),
+            key=lambda item: kafka_partition(item[0]),
         )
         # A re-read's range is exactly what set-offsets bound: no start position applies, and a
         # range the topic lost by now is found lost by the reader like any other.
-        again = [(p, begin, end) for p, begin, end in todo if reread_of(p) is not None]
-        live = [(topic_partition(p), begin, end) for p, begin, end in todo if reread_of(p) is None]
+        again = [(p, begin, end) for p, begin, end in todo if isinstance(p, Reread)]
+        live = [(kafka_partition(p), begin, end) for p, begin, end in todo if not isinstance(p, Reread)]
         out = [
             KafkaSplit(p, start, min(end, start + self.max_split_offsets))
             for p, begin, end in again
@@ -221,7 +238,7 @@ class KafkaSource(SourceBase):
     def commit(self, frontier: Frontier) -> None:
         """Commit the frontier's offsets of this source's partitions to ``group_id`` (offset =
         next to read). Advisory: logs a warning on failure, never raises."""
-        commit_offsets(self._clients, self.group_id, frontier, lambda p: self._owns(p) and reread_of(p) is None)
+        commit_offsets(self._clients, self.group_id, frontier, lambda p: self._owns(p) and not isinstance(p, Reread))
 
     def close(self) -> None:
         """Close the driver-side clients (the probe and the committer)."""
@@ -257,7 +274,7 @@ class KafkaSource(SourceBase):
 
     def earliest(self, partitions: Sequence[Partition]) -> dict[Partition, int]:
         """The low watermarks of ``partitions`` (``reclock offsets`` shows them as *earliest*)."""
-        owned = [topic_partition(p) for p in partitions if self._owns(p) and reread_of(p) is None]
+        owned = [kafka_partition(p) for p in partitions if self._owns(p) and not isinstance(p, Reread)]
         return {p: low for p, low in self._low_watermarks(owned).items()}
 
     def _shape(self, records: Fetched, encoded: str, topic: str, kpart: int) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -283,7 +300,7 @@ def _waves(splits: Sequence[Split]) -> list[list[Split]]:
     waves: list[list[Split]] = []
     taken: list[set[tuple[str, int]]] = []
     for split in splits:
-        kafka = topic_partition(split.partition)
+        kafka = kafka_partition(split.partition)
         for wave, seen in zip(waves, taken, strict=True):
             if kafka not in seen:
                 wave.append(split)

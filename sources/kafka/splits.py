@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from reclock.errors import DefiniteSourceError
 from reclock.sources.base import Split
-from reclock.sources.kafka.config import Policy, topic_partition
+from reclock.sources.kafka.config import Policy, kafka_partition
 
 __all__ = ["KafkaSplit", "cut"]
 
@@ -32,11 +32,11 @@ class KafkaSplit(Split):
 
     @property
     def topic(self) -> str:
-        return topic_partition(self.partition)[0]
+        return kafka_partition(self.partition)[0]
 
     @property
     def kafka_partition(self) -> int:
-        return topic_partition(self.partition)[1]
+        return kafka_partition(self.partition)[1]
 
 
 def cut(

@@ -137,22 +137,26 @@ def test_a_failed_batch_still_records_its_own_skip_beside_a_user_skip(tmp_path):
 
 
 def test_a_re_read_partition_names_its_original_and_generation():
-    from reclock.timeline.frontier import decode_partition, encode_partition, reread, reread_of
+    from reclock.timeline.frontier import Reread, decode_partition, encode_partition
 
-    copy = reread(("orders", 3), 2)
-    assert encode_partition(copy) == '["orders",3,"@reread-2"]'
-    assert reread_of(decode_partition(encode_partition(copy))) == (("orders", 3), 2)
-    assert reread_of(reread("gen-0", 1)) == ("gen-0", 1)
-    assert reread_of(("orders", 3)) is None and reread_of(("a", "@reread-x")) is None and reread_of("x") is None
+    copy = Reread(("orders", 3), 2)
+    assert encode_partition(copy) == '["orders",3,"@reread-2"]'  # what remap tables have always stored
+    assert decode_partition(encode_partition(copy)) == copy
+    assert decode_partition('["orders",3,"@reread-2"]') == Reread(("orders", 3), 2)  # an old lake's row
+    assert decode_partition(encode_partition(Reread("gen-0", 1))) == Reread("gen-0", 1)
+    assert encode_partition(Reread("gen-0", 1)) == '["gen-0","@reread-1"]'
+    assert decode_partition('["orders",3]') == ("orders", 3) and decode_partition("x") == "x"
+    assert decode_partition('["a","@reread-x"]') == ("a", "@reread-x")
+    assert decode_partition(encode_partition(("orders", 3, "@reread-1"))) == Reread(("orders", 3), 1)  # reserved
 
 
 def test_a_re_read_and_the_live_range_of_one_kafka_partition_are_read_in_separate_waves():
     from reclock.sources.base import Split
     from reclock.sources.kafka.source import _waves
-    from reclock.timeline.frontier import reread
+    from reclock.timeline.frontier import Reread
 
     live, other = ("t", 0), ("t", 1)
-    splits = [Split(live, 50, 60), Split(reread(live, 1), 10, 50), Split(other, 0, 5), Split(reread(live, 2), 0, 9)]
+    splits = [Split(live, 50, 60), Split(Reread(live, 1), 10, 50), Split(other, 0, 5), Split(Reread(live, 2), 0, 9)]
     waves = _waves(splits)
     assert waves == [[splits[0], splits[2]], [splits[1]], [splits[3]]]
     assert sorted(splits.index(s) for wave in waves for s in wave) == [0, 1, 2, 3]

@@ -1,0 +1,1 @@
+"""A reclock source plugin that keeps file states: ``.txt`` notes in a folder (see ``notefiles.source``)."""
