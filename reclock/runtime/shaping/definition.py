@@ -20,8 +20,10 @@ What a transform sees and may change:
 * A transform maps each record to at most one row: a result row whose identity is not a record
   of its batch, or appears twice, is a broken transform (an aggregate, a join), refused.
 * A transform is deterministic: a replay after a crash must write the same rows. SQL calling a
-  function whose value changes between runs (``random()``, ``now()``, ``uuid()``...) is refused
-  here; a Python function must be deterministic by contract (see ``docs/shaping.md``).
+  function whose value is not fixed by its arguments is refused here, judged on DataFusion's plan
+  by the volatility DataFusion declares (volatile: ``random()``, ``uuid()``; stable: ``now()``,
+  ``current_date``); a Python function must be deterministic by contract (see
+  ``docs/shaping.md``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
-from reclock.runtime.shaping.engine import batch_dependence, run_sql
+from reclock.runtime.shaping.engine import inspect, run_sql
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Output
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 
@@ -45,7 +47,6 @@ __all__ = [
     "Route",
     "Shape",
     "Transform",
-    "check_deterministic",
     "input_schema",
     "own_schema",
     "route_outputs",
@@ -62,36 +63,7 @@ Transform = Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table]
 ROW, ID = "__reclock_row", "__reclock_id"
 _LINEAGE = (PARTITION, OFFSET, INTO_TS)
 
-#: Functions whose value differs between a run and its replay, by name, as DataFusion and the
-#: common dialects spell them; those in ``_BARE`` need no parentheses.
-_VOLATILE = frozenset(
-    {
-        "random",
-        "rand",
-        "uuid",
-        "gen_random_uuid",
-        "now",
-        "current_timestamp",
-        "current_date",
-        "current_time",
-        "localtimestamp",
-        "localtime",
-        "today",
-        "statement_timestamp",
-        "transaction_timestamp",
-        "clock_timestamp",
-        "nextval",
-        "setseed",
-        "sysdate",
-        "getdate",
-        "unix_timestamp",
-    }
-)
-_BARE = frozenset({"current_timestamp", "current_date", "current_time", "localtimestamp", "localtime", "sysdate"})
-_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
-_CALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*(\()?")
 _SELECT = re.compile(r"^\s*select\s", re.IGNORECASE)
-_DISTINCT = re.compile(r"^\s*select\s+distinct\b", re.IGNORECASE)
 _RESERVED = re.compile(r"__reclock", re.IGNORECASE)
 
 
@@ -128,18 +100,6 @@ class Route:
     #: What the transform reads (:func:`input_schema`): a batch is conformed to it first, so a
     #: source that breaks its contract fails the batch instead of sending every row to ``_errors``.
     input: pa.Schema | None = None
-
-
-def check_deterministic(sql: str, where: str) -> None:
-    """Refuse SQL that calls a function whose value changes between a run and its replay."""
-    for match in _CALL.finditer(_QUOTED.sub("''", sql)):
-        name = match.group(1).lower()
-        if name in _VOLATILE and (match.group(2) or name in _BARE):
-            raise ConfigError(
-                where,
-                f"{name}() is not deterministic: a replay after a crash would write other rows (exactly once "
-                "needs the same rows every time)",
-            )
 
 
 def route_outputs(
@@ -189,18 +149,23 @@ def _resolve(shape: Shape, source: Output, where: str) -> Route:
         field_name = f"{where}.sql"
         if not isinstance(shape.sql, str) or not _SELECT.match(shape.sql):
             raise ConfigError(field_name, "must be one SELECT ... FROM input [WHERE ...]")
-        check_deterministic(shape.sql, field_name)
         if _RESERVED.search(shape.sql):
             raise ConfigError(field_name, "names starting with __reclock are reclock's own")
         try:
-            across = "Distinct" if _DISTINCT.match(shape.sql) else batch_dependence(shape.sql, empty)
+            plan = inspect(shape.sql, empty)
         except Exception as exc:  # the engine's own message says what is wrong with the query
             raise ConfigError(field_name, _first_line(exc)) from None
-        if across is not None:
+        if plan.across is not None:
             raise ConfigError(
                 field_name,
-                f"{across} in the query: a transform computes each row from its record alone (SELECT ... FROM "
-                "input WHERE ...), so that how records are grouped into batches never changes a row",
+                f"{plan.across} in the query: a transform computes each row from its record alone (SELECT ... "
+                "FROM input WHERE ...), so that how records are grouped into batches never changes a row",
+            )
+        if plan.unrepeatable:
+            raise ConfigError(
+                field_name,
+                f"{plan.unrepeatable[0]}() is not deterministic (DataFusion declares it volatile or stable): a "
+                "replay after a crash would write other rows (exactly once needs the same rows every time)",
             )
         query = _SELECT.sub(f"SELECT {ROW} AS {ID}, ", shape.sql, count=1)
         try:
@@ -273,7 +238,8 @@ def _first_line(exc: BaseException) -> str:
 
 def shapes_from_toml(section: Mapping[str, object]) -> tuple[Shape, ...]:
     """``[outputs.<name>]`` tables of a definition (``from``, ``sql``) as shapes; checks what can be
-    checked without the source (the rest waits for :func:`route_outputs`)."""
+    checked without the source (the query itself waits for :func:`route_outputs`: only planned
+    against the source's columns does it say which functions it calls)."""
     shapes = []
     for name, spec in section.items():
         where = f"outputs.{name}"
@@ -287,7 +253,6 @@ def shapes_from_toml(section: Mapping[str, object]) -> tuple[Shape, ...]:
             raise ConfigError(f"{where}.sql", "missing" if sql is None else f"expected a string, got {sql!r}")
         if source is not None and not isinstance(source, str):
             raise ConfigError(f"{where}.from", f"expected an output name, got {source!r}")
-        check_deterministic(sql, f"{where}.sql")
         shapes.append(Shape(name, source, sql))
     return tuple(shapes)
 
