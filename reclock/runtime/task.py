@@ -36,7 +36,7 @@ from reclock.persist.evolution import evolve
 from reclock.persist.layout import OutputLayout
 from reclock.persist.sink import DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
-from reclock.runtime.rows import output_rows, split_null_keys, unwrap
+from reclock.runtime.rows import output_rows, split_null_keys, split_unplaceable, unwrap
 from reclock.runtime.shaping import Route, shape_batch
 from reclock.sources.base import ERRORS, Source, Split
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
@@ -197,17 +197,39 @@ class _Task:
         return landed
 
     def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
-        shaped, rejected, filtered = shape_batch(route, batch, into, self.plan.uppers, self.plan.schemas)
-        self.filtered.append(filtered)
-        for name, part in ((route.output, shaped), (ERRORS, rejected)):
+        uppers = {**self.plan.uppers, route.output: self._floor(route.output)}
+        shaped, rejected, filtered = shape_batch(route, batch, into, uppers, self.plan.schemas)
+        upper = self.plan.uppers[route.output]
+        self.filtered.append(filtered.filter(pc.greater_equal(filtered.column(INTO_TS), upper)))
+        if rejected.num_rows:
+            self._add(ERRORS, rejected)
+        return [rejected, *self._placed(route.output, shaped)]
+
+    def _floor(self, output: str) -> IntoTime:
+        """The first into time whose rows of ``output`` a task evaluates: the output's upper, or
+        ``_errors``' if lower and the output is partitioned (a crash between the two commits
+        must still land each row whose partition value is refused in ``_errors``, once)."""
+        layout = self.plan.layouts.get(output, _PLAIN)
+        upper = self.plan.uppers[output]
+        return min(upper, self.plan.uppers[ERRORS]) if layout.partitioned else upper
+
+    def _placed(self, output: str, rows: pa.Table) -> list[pa.Table]:
+        """Add ``rows`` of ``output`` (from its :meth:`_floor` on): those its partition columns
+        can hold to it, from its upper on, the others to ``_errors``, from that upper on."""
+        plan = self.plan
+        layout = plan.layouts.get(output, _PLAIN)
+        rows, refused = split_unplaceable(rows, layout.partition_by, plan.schemas[ERRORS])
+        refused = refused.filter(pc.greater_equal(refused.column(INTO_TS), plan.uppers[ERRORS]))
+        rows = rows.filter(pc.greater_equal(rows.column(INTO_TS), plan.uppers[output]))
+        for name, part in ((output, rows), (ERRORS, refused)):
             if part.num_rows:
                 self._add(name, part)
-        return [shaped, rejected]
+        return [rows, refused]
 
     def _as_read(self, output: str, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
         plan = self.plan
         schema = plan.schemas[output]
-        keep = into >= plan.uppers[output]
+        keep = into >= self._floor(output)
         if not keep.any():
             return []
         envelope, key = plan.envelopes.get(output, ("append", ()))
@@ -225,8 +247,7 @@ class _Task:
             orphans = orphans.filter(pc.greater_equal(orphans.column(INTO_TS), plan.uppers[ERRORS]))
             if orphans.num_rows:
                 self._add(ERRORS, orphans)
-        self._add(output, shaped)
-        return [shaped]
+        return self._placed(output, shaped)
 
     def _add(self, output: str, table: pa.Table) -> None:
         self.pending.setdefault(output, []).append(table)
