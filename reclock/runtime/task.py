@@ -13,6 +13,11 @@ cluster) cannot drift apart. A task:
 5. returns a :class:`SplitResult`: the files' metadata and row counts, or the error that stopped
    it. Nothing is visible until the driver commits.
 
+A split may say that it is one unit of the source's time whose records are numbered otherwise
+(its optional ``stamp_at``: a compressed file, bound whole at its compressed size, numbers its
+records by their place in the decompressed text): every record of it is then stamped at that
+offset, and keeps its own ``_offset``.
+
 A task never raises for a failing split: it reports the error, so the driver sees *which* splits
 failed and can retry the batch, stop, or skip exactly those ranges (and record them). A row no
 binding covers is a broken invariant (the source read outside its split): an assertion, reported
@@ -108,16 +113,18 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     started = time.time()
     task = _Task(plan)
     stats = {"rows": 0, "filtered": 0, "bytes_read": 0, "earliest": None, "latest": None}
+    stamp_at: int | None = getattr(split, "stamp_at", None)
     try:
         partition = encode_partition(split.partition)
         for output, batch in plan.source.read(split):
             stats["bytes_read"] += batch.nbytes
             if batch.num_rows:
-                offsets = batch.column(OFFSET)
+                offsets = batch.column(OFFSET) if stamp_at is None else pa.array([stamp_at], pa.int64())
                 lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
                 stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
                 stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
-            stats["rows"] += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
+            landed = task.land(output, batch, partition, f"split {split!r}", stamp_at=stamp_at)
+            stats["rows"] += sum(t.num_rows for t in landed)
         files = task.finish()
         stats["filtered"] = sum(t.num_rows for t in task.filtered)
     except Exception as exc:
@@ -182,13 +189,21 @@ class _Task:
         self.files: list[DataFile] = []
         self.filtered: list[pa.Table] = []
 
-    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> list[pa.Table]:
+    def land(
+        self, output: str, batch: pa.RecordBatch, partition: str | None, where: str, *, stamp_at: int | None = None
+    ) -> list[pa.Table]:
         """Stamp ``batch`` and land it in every output its routes name; the rows added, per table.
-        ``partition`` is the partition every row should have, if the reader covers one."""
+        ``partition`` is the partition every row should have, if the reader covers one;
+        ``stamp_at``, the offset every row is stamped at when the split is one unit whose rows'
+        ``_offset`` are not positions in the source's time (a split's optional ``stamp_at``: a
+        compressed file's records are numbered by their place in the decompressed text)."""
         plan = self.plan
         if output not in plan.schemas:
             raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
-        into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
+        offsets = batch.column(OFFSET)
+        if stamp_at is not None:
+            offsets = pa.array(np.full(batch.num_rows, stamp_at, dtype=np.int64))
+        into = plan.stamper.into_times(batch.column(PARTITION), offsets, partition=partition)
         if len(into) and (into == UNBOUND).any():
             raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
         landed: list[pa.Table] = []
