@@ -165,6 +165,13 @@ def run_group(
     ]
 
 
+def _from(table: pa.Table, upper: IntoTime, floor: IntoTime) -> pa.Table:
+    """``table``'s rows from into time ``upper`` on, knowing they are all from ``floor`` on."""
+    if upper <= floor or not table.num_rows:
+        return table
+    return table.filter(pc.greater_equal(table.column(INTO_TS), upper))
+
+
 def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
     return SplitResult(
         split,
@@ -212,13 +219,13 @@ class _Task:
         return landed
 
     def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
-        uppers = {**self.plan.uppers, route.output: self._floor(route.output)}
+        floor = self._floor(route.output)
+        uppers = {**self.plan.uppers, route.output: floor}
         shaped, rejected, filtered = shape_batch(route, batch, into, uppers, self.plan.schemas)
-        upper = self.plan.uppers[route.output]
-        self.filtered.append(filtered.filter(pc.greater_equal(filtered.column(INTO_TS), upper)))
+        self.filtered.append(_from(filtered, self.plan.uppers[route.output], floor))
         if rejected.num_rows:
             self._add(ERRORS, rejected)
-        return [rejected, *self._placed(route.output, shaped)]
+        return [rejected, *self._placed(route.output, shaped, floor)]
 
     def _floor(self, output: str) -> IntoTime:
         """The first into time whose rows of ``output`` a task evaluates: the output's upper, or
@@ -228,14 +235,14 @@ class _Task:
         upper = self.plan.uppers[output]
         return min(upper, self.plan.uppers[ERRORS]) if layout.partitioned else upper
 
-    def _placed(self, output: str, rows: pa.Table) -> list[pa.Table]:
-        """Add ``rows`` of ``output`` (from its :meth:`_floor` on): those its partition columns
-        can hold to it, from its upper on, the others to ``_errors``, from that upper on."""
+    def _placed(self, output: str, rows: pa.Table, floor: IntoTime) -> list[pa.Table]:
+        """Add ``rows`` of ``output`` (from ``floor`` on, its :meth:`_floor`): those its partition
+        columns can hold to it, from its upper on, the others to ``_errors``, from that upper on."""
         plan = self.plan
         layout = plan.layouts.get(output, _PLAIN)
         rows, refused = split_unplaceable(rows, layout.partition_by, plan.schemas[ERRORS])
-        refused = refused.filter(pc.greater_equal(refused.column(INTO_TS), plan.uppers[ERRORS]))
-        rows = rows.filter(pc.greater_equal(rows.column(INTO_TS), plan.uppers[output]))
+        rows = _from(rows, plan.uppers[output], floor)
+        refused = _from(refused, plan.uppers[ERRORS], floor)
         for name, part in ((output, rows), (ERRORS, refused)):
             if part.num_rows:
                 self._add(name, part)
@@ -244,7 +251,8 @@ class _Task:
     def _as_read(self, output: str, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
         plan = self.plan
         schema = plan.schemas[output]
-        keep = into >= self._floor(output)
+        floor = self._floor(output)
+        keep = into >= floor
         if not keep.any():
             return []
         envelope, key = plan.envelopes.get(output, ("append", ()))
@@ -262,7 +270,7 @@ class _Task:
             orphans = orphans.filter(pc.greater_equal(orphans.column(INTO_TS), plan.uppers[ERRORS]))
             if orphans.num_rows:
                 self._add(ERRORS, orphans)
-        return self._placed(output, shaped)
+        return self._placed(output, shaped, floor)
 
     def _add(self, output: str, table: pa.Table) -> None:
         self.pending.setdefault(output, []).append(table)
