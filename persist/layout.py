@@ -8,6 +8,14 @@ created partitioned; a file holds the rows of one partition value, in a Hive-sty
 keeps their values in the log's ``partitionValues``). Partitioning changes where rows are, never
 which rows an output holds: labels, uppers and as-of reads are those of an unpartitioned output.
 
+A value a partition column cannot hold faithfully is bad data of its record, found by
+:func:`unplaceable` before any file is written: its row goes to ``_errors`` (kind
+:data:`PARTITION_ERROR`) and the rest of its batch lands. Those are a value whose folder name
+would be longer than a file system's 255 bytes (about 250 ASCII characters, or 21 emoji once
+escaped), and the two strings Delta reads back as null: the empty string (the protocol stores an
+empty partition value as null) and ``__HIVE_DEFAULT_PARTITION__`` (the null partition's folder
+name, which delta-rs and polars take for null).
+
 Every output has a **schema evolution** policy (after Auto Loader's ``schemaEvolutionMode``) for
 fields a record carries that its output's declared columns lack (see
 :mod:`reclock.persist.evolution`): ``none`` (the default: ignore them, as always), ``fail``,
@@ -24,6 +32,7 @@ from typing import Any, Literal, TypeAlias
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reclock.errors import ConfigError
 from reclock.persist.store import LakePath, Store
@@ -33,6 +42,7 @@ __all__ = [
     "EVOLUTION_MODES",
     "INTO_DATE",
     "RESCUED",
+    "PARTITION_ERROR",
     "EvolutionMode",
     "OutputLayout",
     "into_dates",
@@ -44,6 +54,7 @@ __all__ = [
     "read_files",
     "read_groups",
     "serialize_partition_value",
+    "unplaceable",
 ]
 
 #: The derived column of outputs partitioned by day: the UTC date of ``_into_ts``.
@@ -55,9 +66,14 @@ RESCUED = "_rescued"
 EvolutionMode: TypeAlias = Literal["none", "fail", "add", "rescue"]
 EVOLUTION_MODES: tuple[str, ...] = ("none", "fail", "add", "rescue")
 
+#: ``kind`` of an ``_errors`` row whose value a partition column cannot hold (:func:`unplaceable`).
+PARTITION_ERROR = "partition"
+
 _MS_PER_DAY = 86_400_000
 #: Delta's (and Hive's) folder name for a null partition value.
 _NULL_FOLDER = "__HIVE_DEFAULT_PARTITION__"
+#: The longest file or folder name, in bytes, that common file systems take (NAME_MAX).
+_NAME_MAX = 255
 _PARTITION_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_date32, pa.types.is_boolean)
 
 
@@ -184,6 +200,36 @@ def partition_groups(
         folder = posixpath.join(*(f"{name}={_escape(values[name])}" for name in partition_by))
         groups.append((folder, values, rows))
     return groups
+
+
+def unplaceable(table: pa.Table, partition_by: tuple[str, ...]) -> dict[int, str]:
+    """Rows of ``table`` a partition column cannot hold, by row number: what is wrong, naming the
+    column. Judged once per distinct value, so a batch of few partition values costs little."""
+    problems: dict[int, str] = {}
+    for name in partition_by:
+        column = table.column(name)
+        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
+            continue  # an integer, date or bool: short, and never read back as something else
+        bad = {v: why for v in pc.unique(column).to_pylist() if v is not None and (why := _unfit(name, v))}
+        if not bad:
+            continue
+        reasons = list(bad.values())
+        which = pc.index_in(column, value_set=pa.array(list(bad), column.type)).fill_null(-1).to_numpy()
+        for row in np.flatnonzero(which >= 0):
+            problems.setdefault(int(row), f"partition column {name!r}: {reasons[which[row]]}")
+    return problems
+
+
+def _unfit(name: str, value: str) -> str | None:
+    if value == "":
+        return "the empty string reads back as null (Delta stores an empty partition value as null)"
+    if value == _NULL_FOLDER:
+        return f"{_NULL_FOLDER!r} is the null partition's folder name: it reads back as null"
+    size = len(f"{name}={_escape(value)}".encode())
+    if size > _NAME_MAX:
+        shown = value if len(value) <= 40 else value[:40] + "..."
+        return f"the folder of value {shown!r} would be named in {size} bytes, over the {_NAME_MAX} a file system takes"
+    return None
 
 
 def read_files(store: Store, root: LakePath, files: Iterable[Any], schema: pa.Schema) -> pa.Table:

@@ -124,6 +124,13 @@ class Split:
     start: Offset
     end: Offset
 
+    @property
+    def stamp_at(self) -> Offset | None:
+        """The offset every record of this split is stamped at, where that is not the record's own
+        ``_offset``: a unit bound whole (a compressed file, bound at its compressed size) whose
+        records are numbered finer than its binding. ``None``: each at its own offset."""
+        return None
+
 
 @runtime_checkable
 class Source(Protocol):

@@ -6,17 +6,19 @@ Shared by the data plane's tasks, the pipeline's skipped-range rows and the redr
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError
-from reclock.persist.layout import INTO_DATE, into_dates
+from reclock.persist.layout import INTO_DATE, PARTITION_ERROR, into_dates, unplaceable
 from reclock.persist.sink import DELETED
 from reclock.sources.base import error_batch
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 
-__all__ = ["output_rows", "split_null_keys", "unwrap"]
+__all__ = ["output_rows", "split_null_keys", "split_unplaceable", "unwrap"]
 
 
 def unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
@@ -68,6 +70,27 @@ def split_null_keys(table: pa.Table, key: tuple[str, ...], errors: pa.Schema) ->
     )
     orphans = output_rows(reasons, bad.column(INTO_TS).combine_chunks(), errors)
     return table.filter(pc.invert(missing)), orphans
+
+
+def split_unplaceable(table: pa.Table, partition_by: tuple[str, ...], errors: pa.Schema) -> tuple[pa.Table, pa.Table]:
+    """Rows whose value a partition column cannot hold (:func:`~reclock.persist.layout.unplaceable`)
+    become ``_errors`` rows, each alone, with the row's own columns as JSON: the rest still land."""
+    problems = unplaceable(table, partition_by) if partition_by else {}
+    if not problems:
+        return table, errors.empty_table()
+    at = sorted(problems)
+    bad = table.take(pa.array(at, pa.int64()))
+    own = [n for n in bad.column_names if n not in (PARTITION, OFFSET, INTO_TS, INTO_DATE)]
+    reasons = error_batch(
+        bad.column(PARTITION).combine_chunks(),
+        bad.column(OFFSET).to_pylist(),
+        [PARTITION_ERROR] * len(at),
+        [problems[i] for i in at],
+        [json.dumps(row, default=str).encode() for row in bad.select(own).to_pylist()],
+    )
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[at] = False
+    return table.filter(pa.array(keep)), output_rows(reasons, bad.column(INTO_TS).combine_chunks(), errors)
 
 
 def output_rows(batch: pa.RecordBatch, into: np.ndarray | pa.Array, schema: pa.Schema) -> pa.Table:

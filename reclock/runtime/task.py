@@ -13,6 +13,11 @@ cluster) cannot drift apart. A task:
 5. returns a :class:`SplitResult`: the files' metadata and row counts, or the error that stopped
    it. Nothing is visible until the driver commits.
 
+A split may say that it is one unit of the source's time whose records are numbered otherwise
+(its optional ``stamp_at``: a compressed file, bound whole at its compressed size, numbers its
+records by their place in the decompressed text): every record of it is then stamped at that
+offset, and keeps its own ``_offset``.
+
 A task never raises for a failing split: it reports the error, so the driver sees *which* splits
 failed and can retry the batch, stop, or skip exactly those ranges (and record them). A row no
 binding covers is a broken invariant (the source read outside its split): an assertion, reported
@@ -36,7 +41,7 @@ from reclock.persist.evolution import evolve
 from reclock.persist.layout import OutputLayout
 from reclock.persist.sink import DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
-from reclock.runtime.rows import output_rows, split_null_keys, unwrap
+from reclock.runtime.rows import output_rows, split_null_keys, split_unplaceable, unwrap
 from reclock.runtime.shaping import Route, shape_batch
 from reclock.sources.base import ERRORS, GroupReads, Source, Split
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, IntoTime, encode_partition
@@ -109,16 +114,18 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     rows = bytes_read = 0
     earliest: int | None = None
     latest: int | None = None
+    stamp_at = split.stamp_at
     try:
         partition = encode_partition(split.partition)
         for output, batch in plan.source.read(split):
             bytes_read += batch.nbytes
             if batch.num_rows:
-                offsets = batch.column(OFFSET)
+                offsets = batch.column(OFFSET) if stamp_at is None else pa.array([stamp_at], pa.int64())
                 lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
                 earliest = lo if earliest is None else min(earliest, lo)
                 latest = hi if latest is None else max(latest, hi)
-            rows += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
+            landed = task.land(output, batch, partition, f"split {split!r}", stamp_at=stamp_at)
+            rows += sum(t.num_rows for t in landed)
         files = task.finish()
         filtered = sum(t.num_rows for t in task.filtered)
     except Exception as exc:
@@ -167,6 +174,13 @@ def run_group(
     ]
 
 
+def _from(table: pa.Table, upper: IntoTime, floor: IntoTime) -> pa.Table:
+    """``table``'s rows from into time ``upper`` on, knowing they are all from ``floor`` on."""
+    if upper <= floor or not table.num_rows:
+        return table
+    return table.filter(pc.greater_equal(table.column(INTO_TS), upper))
+
+
 def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
     return SplitResult(
         split,
@@ -191,13 +205,21 @@ class _Task:
         self.files: list[DataFile] = []
         self.filtered: list[pa.Table] = []
 
-    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> list[pa.Table]:
+    def land(
+        self, output: str, batch: pa.RecordBatch, partition: str | None, where: str, *, stamp_at: int | None = None
+    ) -> list[pa.Table]:
         """Stamp ``batch`` and land it in every output its routes name; the rows added, per table.
-        ``partition`` is the partition every row should have, if the reader covers one."""
+        ``partition`` is the partition every row should have, if the reader covers one;
+        ``stamp_at``, the offset every row is stamped at when the split is one unit whose rows'
+        ``_offset`` are not positions in the source's time (a split's optional ``stamp_at``: a
+        compressed file's records are numbered by their place in the decompressed text)."""
         plan = self.plan
         if output not in plan.schemas:
             raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
-        into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
+        offsets = batch.column(OFFSET)
+        if stamp_at is not None:
+            offsets = pa.array(np.full(batch.num_rows, stamp_at, dtype=np.int64))
+        into = plan.stamper.into_times(batch.column(PARTITION), offsets, partition=partition)
         if len(into) and (into == UNBOUND).any():
             raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
         landed: list[pa.Table] = []
@@ -206,17 +228,40 @@ class _Task:
         return landed
 
     def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
-        shaped, rejected, filtered = shape_batch(route, batch, into, self.plan.uppers, self.plan.schemas)
-        self.filtered.append(filtered)
-        for name, part in ((route.output, shaped), (ERRORS, rejected)):
+        floor = self._floor(route.output)
+        uppers = {**self.plan.uppers, route.output: floor}
+        shaped, rejected, filtered = shape_batch(route, batch, into, uppers, self.plan.schemas)
+        self.filtered.append(_from(filtered, self.plan.uppers[route.output], floor))
+        if rejected.num_rows:
+            self._add(ERRORS, rejected)
+        return [rejected, *self._placed(route.output, shaped, floor)]
+
+    def _floor(self, output: str) -> IntoTime:
+        """The first into time whose rows of ``output`` a task evaluates: the output's upper, or
+        ``_errors``' if lower and the output is partitioned (a crash between the two commits
+        must still land each row whose partition value is refused in ``_errors``, once)."""
+        layout = self.plan.layouts.get(output, _PLAIN)
+        upper = self.plan.uppers[output]
+        return min(upper, self.plan.uppers[ERRORS]) if layout.partitioned else upper
+
+    def _placed(self, output: str, rows: pa.Table, floor: IntoTime) -> list[pa.Table]:
+        """Add ``rows`` of ``output`` (from ``floor`` on, its :meth:`_floor`): those its partition
+        columns can hold to it, from its upper on, the others to ``_errors``, from that upper on."""
+        plan = self.plan
+        layout = plan.layouts.get(output, _PLAIN)
+        rows, refused = split_unplaceable(rows, layout.partition_by, plan.schemas[ERRORS])
+        rows = _from(rows, plan.uppers[output], floor)
+        refused = _from(refused, plan.uppers[ERRORS], floor)
+        for name, part in ((output, rows), (ERRORS, refused)):
             if part.num_rows:
                 self._add(name, part)
-        return [shaped, rejected]
+        return [rows, refused]
 
     def _as_read(self, output: str, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
         plan = self.plan
         schema = plan.schemas[output]
-        keep = into >= plan.uppers[output]
+        floor = self._floor(output)
+        keep = into >= floor
         if not keep.any():
             return []
         envelope, key = plan.envelopes.get(output, ("append", ()))
@@ -234,8 +279,7 @@ class _Task:
             orphans = orphans.filter(pc.greater_equal(orphans.column(INTO_TS), plan.uppers[ERRORS]))
             if orphans.num_rows:
                 self._add(ERRORS, orphans)
-        self._add(output, shaped)
-        return [shaped]
+        return self._placed(output, shaped, floor)
 
     def _add(self, output: str, table: pa.Table) -> None:
         self.pending.setdefault(output, []).append(table)

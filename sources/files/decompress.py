@@ -7,10 +7,15 @@ lines) unless the source fixes ``format``. Parquet compresses inside itself: ``.
 not read.
 
 Offsets and upper: a position in a compressed stream cannot be sought to, so a compressed file is
-one unit. Its **upper is its compressed size** in bytes, it is bound whole, read whole by one task
-(never split), and lands in one commit. Its records all carry ``_offset`` 0: every one is complete
-at the file's upper, and a decompressed position would exceed it. Lines are still counted, so a
-bad record's message names its line. Only the first ``upper`` compressed bytes are read, so a
+one unit of the source's time. Its **upper is its compressed size** in bytes, it is bound whole,
+read whole by one task (never split), and lands in one commit. Each record's ``_offset`` is the
+byte position where it starts **in the decompressed text**, as a plain file's is in the file (a
+byte order mark skipped: the first record is at 3), so ``(_partition, _offset)`` names one record
+for lineage, redrive and any check by coordinates. Those positions are not the file's time (they
+may pass its compressed upper), so the file's split says ``stamp_at = 0``: every record is
+stamped as offset 0 of the unit, complete at the binding that bound the file. (Before, every
+record carried ``_offset`` 0; rows landed then keep it.) Lines are counted too, so a bad record's
+message names its line. Only the first ``upper`` compressed bytes are read, so a
 replayed batch reads the same records even if something was appended to the file since. A file
 that does not decompress (corrupt, truncated, not that codec) fails its read with a
 ``ValueError`` naming the file and the codec: the batch is retried, then the file is skipped

@@ -66,6 +66,14 @@ class FileSplit(Split):
     format: FileFormat
     size: int
 
+    @property
+    def stamp_at(self) -> int | None:
+        """A compressed file is one unit of the source's time (bound whole at its compressed
+        size) whose records are numbered by their place in the decompressed text: all of them
+        are stamped at offset 0 of it (see :mod:`~reclock.sources.files.decompress`). ``None``:
+        a record is stamped at its own offset."""
+        return 0 if compression_of(self.path) is not None else None
+
 
 @dataclass(frozen=True)
 class FileReader:
@@ -141,8 +149,8 @@ class FileReader:
 
         A piece (``start > 0``) starts at the first line start at or after ``start`` and keeps
         the records starting before ``end``: each record belongs to exactly one piece. A
-        compressed file is read whole and its records carry offset 0 (see
-        :mod:`~reclock.sources.files.decompress`).
+        compressed file is read whole, its records' offsets their byte positions in the
+        decompressed text (see :mod:`~reclock.sources.files.decompress`).
         """
         is_csv = split.format == "csv"
         header = is_csv and self.csv_header and split.start == 0
@@ -187,8 +195,7 @@ class FileReader:
                     header, first = False, 1  # the first record of the file is the header
                     if self.unknown_fields:
                         parser, extras = self._header_parser(records.block[records.starts[0] : records.ends[0]])
-                zero = codec is not None
-                yield from self._parse(records, first, last, split, relative, encoded, zero, parser, extras)
+                yield from self._parse(records, first, last, split, relative, encoded, parser, extras)
                 if last < count:
                     return  # the next record starts in the next piece
 
@@ -200,16 +207,13 @@ class FileReader:
         split: FileSplit,
         relative: str,
         encoded: str,
-        zero: bool,
         parser: RecordParser,
         extras: tuple[str, ...],
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """Records ``[first, last)`` of a block, parsed; ``zero``: every offset is 0 (compressed);
+        """Records ``[first, last)`` of a block, parsed, each at the byte position it starts at;
         ``parser`` and ``extras``: the columns a CSV header names after the declared ones."""
         is_csv = split.format == "csv"
         positions = records.base + records.starts
-        if zero:
-            positions = np.zeros_like(positions)
         for lo in range(first, last, _BATCH_ROWS):
             hi = min(last, lo + _BATCH_ROWS)
             good, columns, faults = parser.parse(records, lo, hi, is_csv=is_csv, piece=_PIECE, where=split.path)

@@ -1,5 +1,6 @@
-"""Compressed files (read whole, offset 0, upper = compressed size) and large files cut into pieces
-(each record read by exactly the piece it starts in)."""
+"""Compressed files (read whole, upper = compressed size, each record at its position in the
+decompressed text) and large files cut into pieces (each record read by exactly the piece it starts
+in)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reclock.cli.main import main
 from reclock.errors import ConfigError
 from reclock.runtime.pipeline import BatchState, Pipeline
 from reclock.runtime.settings import Settings
@@ -22,6 +24,7 @@ from reclock.sources.files.decompress import DecompressError
 from reclock.sources.files.store import glob_regex
 from reclock.testing import FakeClock
 from reclock.timeline.frontier import Frontier
+from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.unit.test_files_source import COLUMNS, ingest, line_starts, read_all, write
 from tests.unit.test_pipeline import tables
 
@@ -29,7 +32,7 @@ CSV = b"id,name\n" + b"".join(b"%d,name %d\n" % (i, i) for i in range(500))
 JSONL = b"".join(b'{"id": %d, "name": "n%d"}\n' % (i, i) for i in range(500))
 
 
-def test_gzip_and_zstd_files_read_by_their_inner_extension_at_offset_zero_bound_at_their_compressed_size(
+def test_gzip_and_zstd_files_read_by_their_inner_extension_bound_at_their_compressed_size(
     tmp_path: Path,
 ) -> None:
     gz = write(tmp_path / "a.csv.gz", gzip.compress(CSV))
@@ -50,7 +53,47 @@ def test_gzip_and_zstd_files_read_by_their_inner_extension_at_offset_zero_bound_
         mine = [r for r in rows if r["_partition"] == json.dumps([name, 0], separators=(",", ":"))]
         names = [f"name {i}" if "csv" in name else f"n{i}" for i in range(500)]
         assert [(r["id"], r["name"]) for r in mine] == list(zip(range(500), names, strict=True))
-        assert {r["_offset"] for r in mine} == {0}
+        inner = CSV if "csv" in name else JSONL  # each record at its line's start in the decompressed text
+        assert [r["_offset"] for r in mine] == line_starts(inner)[1:] if "csv" in name else line_starts(inner)
+    assert all(s.stamp_at == 0 for s in splits), "a compressed file is stamped as one unit"
+
+
+BOM = b"\xef\xbb\xbf"
+
+
+def test_every_record_of_a_compressed_file_lands_at_its_own_offset_stamped_when_the_file_was_bound(
+    tmp_path: Path,
+) -> None:
+    """(_partition, _offset) names one record again: rows, and a bad one in _errors, each at the byte
+    its line starts at in the decompressed text (as a plain file's are); all at the file's binding."""
+    lines = [b'{"id": %d, "name": "n%d"}\n' % (i, i) for i in range(300)]
+    lines[7] = b'{"id": "seven", "name": "n7"}\n'  # does not convert: a parse error of its own
+    text = BOM + b"".join(lines)
+    write(tmp_path / "in" / "a.jsonl.gz", gzip.compress(text), mtime=1)
+    write(tmp_path / "in" / "b.jsonl.zst", zstandard.ZstdCompressor().compress(JSONL), mtime=2)
+    write(tmp_path / "in" / "c.jsonl", JSONL, mtime=3)  # plain: the ground truth of what offsets are
+    source = FilesSource(path=tmp_path / "in", columns=COLUMNS)
+    pipeline = Pipeline("p", tmp_path / "lake", source, now=FakeClock(1000))
+    while pipeline.step().results:
+        pass
+    outputs = tmp_path / "lake" / "p" / "outputs"
+    rows = read_rows(DeltaLog(outputs / "rows").refresh()).to_pylist()
+    errors = read_rows(DeltaLog(outputs / "_errors").refresh()).to_pylist()
+    remap = Remap.read(tmp_path / "lake" / "p" / "remap")
+    starts = {
+        "a.jsonl.gz": [3, *line_starts(text)[1:]],
+        "b.jsonl.zst": line_starts(JSONL),
+        "c.jsonl": line_starts(JSONL),
+    }
+    for name, expected in starts.items():
+        partition = json.dumps([name, 0], separators=(",", ":"))
+        mine = [r for r in rows if r["_partition"] == partition]
+        bad = [r for r in errors if r["_partition"] == partition]
+        assert sorted(r["_offset"] for r in mine + bad) == expected, name  # each record once, its own offset
+        assert len({(r["_partition"], r["_offset"]) for r in mine}) == len(mine)
+        assert {r["_into_ts"] for r in mine + bad} == {remap.stamp(partition, 0)}, name
+    [bad] = errors
+    assert bad["kind"] == "parse" and bad["_offset"] == 3 + sum(map(len, lines[:7])) and "line 8" in bad["message"]
 
 
 def test_a_multi_member_gzip_reads_every_member_and_a_fixed_format_reads_a_bare_gz(tmp_path: Path) -> None:
@@ -246,3 +289,44 @@ def test_globs_over_object_keys_keep_stars_inside_one_part(pattern: str, yes: li
     regex = glob_regex(pattern)
     assert [p for p in yes if regex.fullmatch(p)] == yes
     assert [p for p in no if regex.fullmatch(p)] == []
+
+
+REDRIVE = """
+[pipeline]
+name = "people"
+lake = "lake"
+engine = "local"
+
+[source]
+kind = "files"
+path = "in"
+format = "csv"
+columns = {{id = "int64", name = "string"}}
+{extra}
+"""
+
+
+def test_the_failed_records_of_a_compressed_file_redrive_each_once_at_its_own_coordinates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A redrive finds a failed record by its coordinates: it lands exactly the records that failed,
+    each once (when they all had offset 0, the file's every record matched each errors row)."""
+    monkeypatch.chdir(tmp_path)
+    text = b"id;name\n1;ann\n2,bob\n3;cy\n"  # read with ',', only "2,bob" splits into two columns
+    write(tmp_path / "in" / "mixed.csv.gz", gzip.compress(text))
+    (tmp_path / "p.toml").write_text(REDRIVE.format(extra=""))
+    assert main(["create", "p.toml"]) == 0
+    assert main(["--lake", "lake", "start", "people", "--max-seconds", "5"]) == 0
+    outputs = tmp_path / "lake" / "people" / "outputs"
+    errors = [r for r in read_rows(DeltaLog(outputs / "_errors").refresh()).to_pylist() if r["kind"] == "parse"]
+    assert sorted(r["_offset"] for r in errors) == [text.index(b"1;"), text.index(b"3;")]
+
+    (tmp_path / "p.toml").write_text(REDRIVE.format(extra='csv_delimiter = ";"'))
+    assert main(["create", "p.toml", "--replace"]) == 0
+    assert main(["--lake", "lake", "redrive", "people"]) == 0
+    rows = read_rows(DeltaLog(outputs / "rows").refresh()).to_pylist()
+    assert sorted((r["id"], r["name"], r["_offset"]) for r in rows) == [
+        (1, "ann", text.index(b"1;")),
+        (2, "bob", text.index(b"2,")),
+        (3, "cy", text.index(b"3;")),
+    ]

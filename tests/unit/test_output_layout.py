@@ -4,6 +4,7 @@ across a crash and its replay; checked by replaying the ``_delta_log`` by hand (
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import polars as pl
 import pyarrow as pa
@@ -15,6 +16,7 @@ from reclock.persist.asof import read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import OutputLayout
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.shaping import Shape
 from reclock.sources.base import Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from tests.delta_log import replay
@@ -182,9 +184,59 @@ def test_partition_values_that_need_escaping_read_back_through_every_reader(tmp_
     source.append(0, "views", [{"page": p} for p in pages])
     Pipeline("pipe", tmp_path, source, now=FakeClock(START), layouts=LAYOUTS).step()
     path = Lake.at(tmp_path).output_path("pipe", "views")
-    expected = [*sorted(["a/b", "x y%", "=?", "plain"]), None, None]  # Delta reads an empty value as null
+    expected = [*sorted(["a/b", "x y%", "=?", "plain"]), None]  # "" would read back as null: in _errors
     by_log = [r["page"] for r in replay(path).rows()]
     by_api = read_as_of(tmp_path, "pipe", START)["views"].column("page").to_pylist()
     by_polars = pl.read_delta(str(path))["page"].to_list()
     for got in (by_log, by_api, by_polars):
         assert sorted(got, key=lambda p: (p is None, p or "")) == expected
+    errors = replay(Lake.at(tmp_path).output_path("pipe", "_errors")).rows()
+    assert [(r["_offset"], r["kind"]) for r in errors] == [(pages.index(""), "partition")]
+
+
+# Values no partition folder holds faithfully, and values just inside the limit (the column is
+# "page": a folder "page=<escaped>" of at most 255 bytes).
+UNFIT = ["a" * 251, "\N{GRINNING FACE}" * 21, "__HIVE_DEFAULT_PARTITION__", ""]
+FIT = ["a" * 250, "\N{GRINNING FACE}" * 20, "__hive_default_partition__", " ", None, "home"]
+
+
+@pytest.mark.parametrize("crash", [None, "written", "committed:views", "committed:_errors"])
+def test_a_value_no_partition_folder_holds_goes_to_errors_alone_and_the_rest_of_the_batch_lands(tmp_path, crash):
+    source = MemorySource(SCHEMAS)
+    truth = {0: [*FIT[:3], *UNFIT[:2], *FIT[3:], *UNFIT[2:]], 1: ["home", UNFIT[0], "away"]}
+    for partition, pages in truth.items():
+        source.append(partition, "views", [{"page": p} for p in pages])
+    source.append(0, "clicks", [{"user": 7}])
+    clock = FakeClock(START)
+    try:
+        Pipeline("pipe", tmp_path, source, now=clock, layouts=LAYOUTS, on_step=crash and CrashAt(crash)).step()
+    except SimulatedCrash:
+        Pipeline("pipe", tmp_path, source, now=clock, layouts=LAYOUTS).step()  # the restart replays
+    lake = Lake.at(tmp_path)
+    landed = pl.read_delta(str(lake.output_path("pipe", "views")))
+    assert sorted(landed.select("_partition", "_offset", "page").rows(), key=str) == sorted(
+        ((str(p), o, page) for p, pages in truth.items() for o, page in enumerate(pages) if page not in UNFIT), key=str
+    )
+    assert sorted(r["page"] for r in replay(lake.output_path("pipe", "views")).rows() if r["page"]) == sorted(
+        page for pages in truth.values() for page in pages if page is not None and page not in UNFIT
+    )
+    errors = pl.read_delta(str(lake.output_path("pipe", "_errors"))).sort("_partition", "_offset")
+    assert errors.select("_partition", "_offset", "kind").rows() == [
+        (str(p), o, "partition") for p, pages in sorted(truth.items()) for o, page in enumerate(pages) if page in UNFIT
+    ]  # each exactly once, with its coordinates, also after a crash between the two commits
+    assert [json.loads(raw)["page"] for raw in errors["raw"].to_list()] == [
+        page for _, pages in sorted(truth.items()) for page in pages if page in UNFIT
+    ]
+    assert all(m.startswith("partition column 'page': ") and "\n" not in m for m in errors["message"].to_list())
+    assert replay(lake.output_path("pipe", "clicks")).rows()[0]["user"] == 7
+
+
+def test_a_shaped_partitioned_output_sends_its_unfit_values_to_errors_too(tmp_path):
+    source = MemorySource(SCHEMAS)
+    source.append(0, "views", [{"page": p} for p in ["home", "a" * 300, "b"]])
+    shapes = [Shape("views", sql="SELECT upper(page) AS page FROM input")]
+    Pipeline("pipe", tmp_path, source, now=FakeClock(START), layouts=LAYOUTS, shapes=shapes).step()
+    lake = Lake.at(tmp_path)
+    assert sorted(pl.read_delta(str(lake.output_path("pipe", "views")))["page"].to_list()) == ["B", "HOME"]
+    errors = pl.read_delta(str(lake.output_path("pipe", "_errors")))
+    assert errors.select("_offset", "kind").rows() == [(1, "partition")]

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+import duckdb
+import duckdb_extension_delta
+import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -13,13 +19,14 @@ from hypothesis import strategies as st
 
 from reclock.cli.main import main
 from reclock.errors import ConfigError, ContractError
-from reclock.job.config import parse_config
+from reclock.job.config import build_source, check_shapes, parse_config
 from reclock.persist.lake import Lake
 from reclock.runtime.pipeline import Pipeline
-from reclock.runtime.shaping import TRANSFORM_ERROR, Shape, apply_route, check_deterministic, route_outputs
+from reclock.runtime.shaping import TRANSFORM_ERROR, Shape, apply_route, route_outputs
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
+from tests.delta_log import replay
 
 FRACTIONS = pa.schema([("num", pa.int64()), ("den", pa.int64())])
 OUTPUTS = {"m": Output("m", FRACTIONS), ERRORS: Output(ERRORS, ERRORS_SCHEMA)}
@@ -53,34 +60,48 @@ def shaped(sql: str = RATIO, **kw) -> object:
 
 
 @pytest.mark.parametrize(
-    "sql",
+    ("sql", "function"),
     [
-        "SELECT num, random() AS r FROM input",
-        "SELECT num FROM input WHERE now() > 0",
-        "SELECT num, current_timestamp AS t FROM input",
-        "SELECT num, UUID() AS u FROM input",
-        "SELECT num, Gen_Random_Uuid ( ) AS u FROM input",
+        ("SELECT num, random() AS r FROM input", "random"),
+        ("SELECT num FROM input WHERE now() > 0", "now"),
+        ("SELECT num, current_timestamp AS t FROM input", "now"),
+        ("SELECT num, UUID() AS u FROM input", "uuid"),
+        # Spellings a deny-list of names in the text let through: the plan has resolved them.
+        ('SELECT num, "now"() AS t FROM input', "now"),
+        ("SELECT num, random/**/() AS r FROM input", "random"),
+        ("SELECT num, random -- a comment\n () AS r FROM input", "random"),
+        ("SELECT num, rand() AS r FROM input", "random"),
+        # Stable functions too: the same within a query, but not between a run and its replay.
+        ("SELECT num, current_date AS d FROM input", "current_date"),
+        ("SELECT num, CAST(current_time AS VARCHAR) AS t FROM input", "current_time"),
+        ("SELECT num FROM input WHERE CASE WHEN num > 0 THEN den ELSE abs(random()) END > 0", "random"),
+        ("SELECT num, coalesce(NULL, date_trunc('day', today())) AS d FROM input", "current_date"),
     ],
 )
-def test_non_deterministic_sql_is_refused_naming_the_field(sql):
+def test_sql_calling_a_volatile_or_stable_function_is_refused_naming_the_output_and_the_function(sql, function):
     with pytest.raises(ConfigError) as caught:
-        check_deterministic(sql, "outputs.m.sql")
+        route(Shape("m", sql=sql))
     assert caught.value.field == "outputs.m.sql"
-    assert "not deterministic" in str(caught.value) and "\n" not in str(caught.value)
+    assert caught.value.reason.startswith(f"{function}() is not deterministic") and "\n" not in str(caught.value)
 
 
 def test_names_of_volatile_functions_in_strings_or_as_columns_are_allowed():
-    check_deterministic("SELECT num, 'random()' AS label, now FROM input WHERE name <> 'now()'", "outputs.m.sql")
+    named = {"m": Output("m", pa.schema([("name", pa.string()), ("now", pa.int64())]))}
+    sql = "SELECT now, 'random()' AS label, upper(name) AS big, to_timestamp(now) AS t FROM input WHERE name <> 'now()'"
+    resolved, _ = route(Shape("m", sql=sql), outputs=named)
+    assert resolved["m"].schema.names == ["now", "label", "big", "t"]
 
 
-def test_a_definition_with_random_fails_at_parse_time_in_one_line():
+def test_a_definition_with_random_fails_at_create_in_one_line():
     raw = {
         "pipeline": {"name": "p"},
         "source": {"kind": "generator", "limit": 10},
         "outputs": {"lucky": {"from": "bids", "sql": "SELECT price FROM input WHERE random() < 0.5"}},
     }
-    with pytest.raises(ConfigError, match=r"outputs\.lucky\.sql: random\(\) is not deterministic"):
-        parse_config(raw, file="p.toml")
+    config = parse_config(raw, file="p.toml")
+    with pytest.raises(ConfigError, match=r"^p\.toml: outputs\.lucky\.sql: random\(\) is not deterministic") as caught:
+        check_shapes(config, build_source(config, created_at_ms=0), file="p.toml")
+    assert "\n" not in str(caught.value)
 
 
 def test_outputs_tables_round_trip_through_the_stored_definition():
@@ -323,6 +344,11 @@ limit = 100
         ('[outputs.big]\nfrom = "bid"\nsql = "SELECT price FROM input"', "outputs.big.from: the source has no output"),
         ('[outputs.big]\nfrom = "bids"\nsql = "SELECT nope FROM input"', "outputs.big.sql: "),
         ('[outputs.big]\nfrom = "bids"\nsql = "SELECT now() AS t FROM input"', "outputs.big.sql: now() is not"),
+        ("[outputs.big]\nfrom = 'bids'\nsql = 'SELECT \"now\"() AS t FROM input'", "outputs.big.sql: now() is not"),
+        (
+            "[outputs.big]\nfrom = 'bids'\nsql = 'SELECT random/**/() AS r FROM input'",
+            "outputs.big.sql: random() is not",
+        ),
     ],
 )
 def test_create_reports_a_bad_shaped_output_in_one_line_and_stores_nothing(tmp_path, capsys, outputs, says):
@@ -338,3 +364,64 @@ def test_the_shaping_guide_keeps_its_runnable_examples_marked():
     from tests.unit.test_docs_examples import EXAMPLES
 
     assert {"shaping.md::toml", "shaping.md::python-api"} <= set(EXAMPLES)
+
+
+# -- timestamps a transform yields ---------------------------------------------------------------
+
+STAMPS = ["2024-03-01T10:00:00.123456789+02:00", "1969-12-31T23:59:59.999999999Z", "2000-01-01T00:00:00Z", None]
+
+
+def _floor_to_micros(text: str | None) -> datetime | None:
+    """The instant ``text`` names, floored to its microsecond, worked out without pyarrow."""
+    if text is None:
+        return None
+    nanos = int(np.datetime64(text.replace("Z", "").split("+")[0], "ns").astype(np.int64))
+    nanos -= (2 * 3600 * 10**9) if text.endswith("+02:00") else 0
+    return datetime(1970, 1, 1) + timedelta(microseconds=nanos // 1000)
+
+
+def test_timestamps_a_transform_yields_are_microseconds_so_polars_and_duckdb_read_the_table(tmp_path):
+    source = MemorySource({"m": pa.schema([("s", pa.string())])})
+    source.append(0, "m", [{"s": s} for s in STAMPS])
+    source.finish()
+    sql = (
+        "SELECT CAST(s AS TIMESTAMP) AS naive, "
+        "arrow_cast(s, 'Timestamp(Nanosecond, Some(\"Europe/Paris\"))') AS zoned, "
+        "named_struct('at', to_timestamp(s)) AS nested, make_array(to_timestamp(s)) AS listed FROM input"
+    )
+    clock = FakeClock()
+    pipeline = Pipeline("p", tmp_path / "lake", source, now=clock, shapes=[Shape("m", sql=sql)])
+    while not pipeline.finished:
+        pipeline.step()
+        clock.advance(10)
+    path = Lake.at(tmp_path / "lake").output_path("p", "m")
+    log = replay(path)
+    assert "timestampNanos" not in json.dumps(log.commits)  # no reader feature a reader may refuse
+    expected = [_floor_to_micros(s) for s in STAMPS]
+    utc = [None if e is None else e.replace(tzinfo=UTC) for e in expected]
+
+    by_polars = pl.read_delta(str(path)).sort(OFFSET)
+    assert by_polars.schema["naive"] == pl.Datetime("us") and by_polars.schema["zoned"] == pl.Datetime("us", "UTC")
+    assert by_polars["naive"].to_list() == expected and by_polars["zoned"].to_list() == utc
+    assert [n["at"] for n in by_polars["nested"].to_list()] == expected
+    assert by_polars["listed"].to_list() == [[e] for e in expected]
+
+    con = duckdb.connect()
+    package = Path(duckdb_extension_delta.__file__).parent
+    con.load_extension(str(next(package.glob("extensions/*/*.duckdb_extension"))))
+    con.execute("SET TimeZone = 'UTC'")
+    query = f"SELECT naive, zoned, nested.at AS at FROM delta_scan('{path}') ORDER BY _offset"
+    by_duckdb = con.sql(query).fetchall()
+    assert [row[0] for row in by_duckdb] == expected and [row[2] for row in by_duckdb] == expected
+    assert [row[1] for row in by_duckdb] == utc
+
+
+def test_a_python_transform_returning_nanoseconds_is_stored_in_microseconds_floored():
+    def stamped(b: pa.RecordBatch) -> pa.RecordBatch:
+        nanos = pa.array([-1_500, 2_999, None][: b.num_rows], pa.int64()).cast(pa.timestamp("ns", "Asia/Tokyo"))
+        return pa.RecordBatch.from_arrays([b.column(PARTITION), b.column(OFFSET), nanos], [PARTITION, OFFSET, "at"])
+
+    resolved, routes = route(Shape("m", function=stamped))
+    assert resolved["m"].schema == pa.schema([("at", pa.timestamp("us", "UTC"))])
+    outcome = apply_route(routes["m"][0], batch([1, 2, 3], [1, 1, 1]))
+    assert outcome.rows.column("at").cast(pa.int64()).to_pylist() == [-2, 2, None]

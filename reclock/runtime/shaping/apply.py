@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError
-from reclock.runtime.shaping.definition import ID, Route, with_rows
+from reclock.runtime.shaping.definition import ID, Route, stored, stored_type, with_rows
 from reclock.runtime.shaping.engine import run_sql
 from reclock.sources.base import ERRORS, clip_message, error_batch
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
@@ -168,7 +168,9 @@ def _column(route: Route, result: pa.Table | pa.RecordBatch, target: pa.Field) -
         raise ContractError(f"the transform of output {route.output!r} returned no column {target.name!r}")
     column = result.column(target.name)
     try:
-        return column if column.type == target.type else column.cast(target.type)
+        if column.type == target.type:
+            return column
+        return stored(column, target.type) if stored_type(column.type) == target.type else column.cast(target.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ContractError(
             f"the transform of output {route.output!r} returned column {target.name!r} as {column.type}, "

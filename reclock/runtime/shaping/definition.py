@@ -17,11 +17,19 @@ What a transform sees and may change:
   Python function must return the ``_partition`` and ``_offset`` of each row it keeps, matched
   to its records by a join. Lineage columns in a result are dropped, other result columns
   starting with ``_`` are refused.
+* Every timestamp a transform yields, nested or not, is stored in **microseconds**
+  (:func:`stored_type`): DataFusion computes in nanoseconds (``CAST(s AS TIMESTAMP)``), and a
+  nanosecond column makes the Delta table require the ``timestampNanos`` reader feature, which
+  polars, DuckDB and delta-rs's own reader refuse. Sub-microsecond digits are dropped (each
+  instant floored to its microsecond). A zoned timestamp stays zoned, as the same instant in UTC
+  (Delta's ``timestamp`` has no other zone), a naive one stays naive (``timestamp_ntz``).
 * A transform maps each record to at most one row: a result row whose identity is not a record
   of its batch, or appears twice, is a broken transform (an aggregate, a join), refused.
 * A transform is deterministic: a replay after a crash must write the same rows. SQL calling a
-  function whose value changes between runs (``random()``, ``now()``, ``uuid()``...) is refused
-  here; a Python function must be deterministic by contract (see ``docs/shaping.md``).
+  function whose value is not fixed by its arguments is refused here, judged on DataFusion's plan
+  by the volatility DataFusion declares (volatile: ``random()``, ``uuid()``; stable: ``now()``,
+  ``current_date``); a Python function must be deterministic by contract (see
+  ``docs/shaping.md``).
 """
 
 from __future__ import annotations
@@ -32,10 +40,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
-from reclock.runtime.shaping.engine import batch_dependence, run_sql
+from reclock.runtime.shaping.engine import inspect, run_sql
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, Output
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 
@@ -45,12 +54,13 @@ __all__ = [
     "Route",
     "Shape",
     "Transform",
-    "check_deterministic",
     "input_schema",
     "own_schema",
     "route_outputs",
     "shapes_from_toml",
     "shapes_to_toml",
+    "stored",
+    "stored_type",
     "with_rows",
 ]
 
@@ -62,36 +72,7 @@ Transform = Callable[[pa.RecordBatch], pa.RecordBatch | pa.Table]
 ROW, ID = "__reclock_row", "__reclock_id"
 _LINEAGE = (PARTITION, OFFSET, INTO_TS)
 
-#: Functions whose value differs between a run and its replay, by name, as DataFusion and the
-#: common dialects spell them; those in ``_BARE`` need no parentheses.
-_VOLATILE = frozenset(
-    {
-        "random",
-        "rand",
-        "uuid",
-        "gen_random_uuid",
-        "now",
-        "current_timestamp",
-        "current_date",
-        "current_time",
-        "localtimestamp",
-        "localtime",
-        "today",
-        "statement_timestamp",
-        "transaction_timestamp",
-        "clock_timestamp",
-        "nextval",
-        "setseed",
-        "sysdate",
-        "getdate",
-        "unix_timestamp",
-    }
-)
-_BARE = frozenset({"current_timestamp", "current_date", "current_time", "localtimestamp", "localtime", "sysdate"})
-_QUOTED = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"")
-_CALL = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*)\s*(\()?")
 _SELECT = re.compile(r"^\s*select\s", re.IGNORECASE)
-_DISTINCT = re.compile(r"^\s*select\s+distinct\b", re.IGNORECASE)
 _RESERVED = re.compile(r"__reclock", re.IGNORECASE)
 
 
@@ -128,18 +109,6 @@ class Route:
     #: What the transform reads (:func:`input_schema`): a batch is conformed to it first, so a
     #: source that breaks its contract fails the batch instead of sending every row to ``_errors``.
     input: pa.Schema | None = None
-
-
-def check_deterministic(sql: str, where: str) -> None:
-    """Refuse SQL that calls a function whose value changes between a run and its replay."""
-    for match in _CALL.finditer(_QUOTED.sub("''", sql)):
-        name = match.group(1).lower()
-        if name in _VOLATILE and (match.group(2) or name in _BARE):
-            raise ConfigError(
-                where,
-                f"{name}() is not deterministic: a replay after a crash would write other rows (exactly once "
-                "needs the same rows every time)",
-            )
 
 
 def route_outputs(
@@ -189,18 +158,23 @@ def _resolve(shape: Shape, source: Output, where: str) -> Route:
         field_name = f"{where}.sql"
         if not isinstance(shape.sql, str) or not _SELECT.match(shape.sql):
             raise ConfigError(field_name, "must be one SELECT ... FROM input [WHERE ...]")
-        check_deterministic(shape.sql, field_name)
         if _RESERVED.search(shape.sql):
             raise ConfigError(field_name, "names starting with __reclock are reclock's own")
         try:
-            across = "Distinct" if _DISTINCT.match(shape.sql) else batch_dependence(shape.sql, empty)
+            plan = inspect(shape.sql, empty)
         except Exception as exc:  # the engine's own message says what is wrong with the query
             raise ConfigError(field_name, _first_line(exc)) from None
-        if across is not None:
+        if plan.across is not None:
             raise ConfigError(
                 field_name,
-                f"{across} in the query: a transform computes each row from its record alone (SELECT ... FROM "
-                "input WHERE ...), so that how records are grouped into batches never changes a row",
+                f"{plan.across} in the query: a transform computes each row from its record alone (SELECT ... "
+                "FROM input WHERE ...), so that how records are grouped into batches never changes a row",
+            )
+        if plan.unrepeatable:
+            raise ConfigError(
+                field_name,
+                f"{plan.unrepeatable[0]}() is not deterministic (DataFusion declares it volatile or stable): a "
+                "replay after a crash would write other rows (exactly once needs the same rows every time)",
             )
         query = _SELECT.sub(f"SELECT {ROW} AS {ID}, ", shape.sql, count=1)
         try:
@@ -210,10 +184,10 @@ def _resolve(shape: Shape, source: Output, where: str) -> Route:
                 raise ConfigError(field_name, "must select FROM input itself, not from a subquery") from None
             raise ConfigError(field_name, _first_line(exc)) from None
         own = own_schema(result.schema, (ID,), field_name)
-        return Route(shape.name, shape, query, shape.schema or own, empty.schema)
+        return Route(shape.name, shape, query, _given(shape.schema) or own, empty.schema)
     field_name = f"{where}.function"
     if shape.schema is not None:
-        return Route(shape.name, shape, None, shape.schema, empty.schema)
+        return Route(shape.name, shape, None, _given(shape.schema), empty.schema)
     try:
         result = shape.function(_empty_batch(empty.schema))  # type: ignore[misc]
     except Exception as exc:
@@ -231,8 +205,8 @@ def with_rows(table: pa.Table) -> pa.Table:
 
 
 def own_schema(result: pa.Schema, identity: tuple[str, ...], where: str) -> pa.Schema:
-    """A result's own columns: identity and lineage dropped, every column nullable, string and
-    binary views as plain types (what the output table stores)."""
+    """A result's own columns: identity and lineage dropped, every column nullable, of the type
+    the output table stores (:func:`stored_type`)."""
     missing = [name for name in identity if name not in result.names]
     if missing:
         raise ConfigError(where, f"the result lacks {missing[0]!r}: a transform keeps each row's lineage")
@@ -244,15 +218,65 @@ def own_schema(result: pa.Schema, identity: tuple[str, ...], where: str) -> pa.S
             raise ConfigError(where, f"result column {f.name!r}: names starting with '_' are reclock's")
         if pa.types.is_null(f.type):
             raise ConfigError(where, f"result column {f.name!r} has no type (a bare NULL?): cast it")
-        fields.append(pa.field(f.name, _plain(f.type)))
+        fields.append(pa.field(f.name, stored_type(f.type)))
     return pa.schema(fields)
 
 
-def _plain(kind: pa.DataType) -> pa.DataType:
+def _given(schema: pa.Schema | None) -> pa.Schema | None:
+    return None if schema is None else pa.schema([f.with_type(stored_type(f.type)) for f in schema])
+
+
+def stored_type(kind: pa.DataType) -> pa.DataType:
+    """The type an output table stores for a result column of type ``kind``: string and binary
+    views as plain types, and every timestamp in it, nested or not, in microseconds, zoned in UTC
+    or naive (the only timestamps a Delta table holds without the ``timestampNanos`` feature)."""
     if pa.types.is_string_view(kind) or pa.types.is_large_string(kind):
         return pa.string()
     if pa.types.is_binary_view(kind) or pa.types.is_large_binary(kind):
         return pa.binary()
+    return _timestamps(kind, lambda t: pa.timestamp("us", None if t.tz is None else "UTC"))
+
+
+def stored(column: pa.Array | pa.ChunkedArray, target: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``column`` as ``target``, its :func:`stored_type`: nanoseconds floored to their microsecond
+    (the only loss allowed), then a safe cast (seconds that overflow microseconds raise)."""
+    if isinstance(column, pa.ChunkedArray):
+        return pa.chunked_array([_floored(chunk) for chunk in column.chunks], column.type).cast(target)
+    return _floored(column).cast(target)
+
+
+def _floored(array: pa.Array) -> pa.Array:
+    """``array`` with every nanosecond timestamp in it, at any depth, floored to its microsecond:
+    the instant just before 1970 stays in 1969 (Arrow's own cast would truncate towards zero)."""
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        if kind.unit != "ns":
+            return array
+        return pc.floor_temporal(array.view(pa.timestamp("ns")), unit="microsecond").view(kind)
+    if not pa.types.is_nested(kind):
+        return array
+    array = pa.concat_arrays([array])  # at offset 0, its children cut to the values it holds
+    if pa.types.is_struct(kind):
+        own, children = array.buffers()[:1], [array.field(i) for i in range(kind.num_fields)]
+    else:  # a list, large list, fixed-size list or map: validity (and offsets), then its values
+        own, children = array.buffers()[: 1 if pa.types.is_fixed_size_list(kind) else 2], [array.values]
+    return pa.Array.from_buffers(kind, len(array), own, array.null_count, 0, [_floored(c) for c in children])
+
+
+def _timestamps(kind: pa.DataType, convert: Callable[[pa.TimestampType], pa.DataType]) -> pa.DataType:
+    """``kind`` with every timestamp type in it, at any depth, replaced by ``convert`` of it."""
+    if pa.types.is_timestamp(kind):
+        return convert(kind)
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_timestamps(f.type, convert)) for f in kind])
+    if pa.types.is_map(kind):
+        key, item = kind.key_field, kind.item_field
+        return pa.map_(key.with_type(_timestamps(key.type, convert)), item.with_type(_timestamps(item.type, convert)))
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(kind.value_field.with_type(_timestamps(kind.value_type, convert)), kind.list_size)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        make = pa.list_ if pa.types.is_list(kind) else pa.large_list
+        return make(kind.value_field.with_type(_timestamps(kind.value_type, convert)))
     return kind
 
 
@@ -273,7 +297,8 @@ def _first_line(exc: BaseException) -> str:
 
 def shapes_from_toml(section: Mapping[str, object]) -> tuple[Shape, ...]:
     """``[outputs.<name>]`` tables of a definition (``from``, ``sql``) as shapes; checks what can be
-    checked without the source (the rest waits for :func:`route_outputs`)."""
+    checked without the source (the query itself waits for :func:`route_outputs`: only planned
+    against the source's columns does it say which functions it calls)."""
     shapes = []
     for name, spec in section.items():
         where = f"outputs.{name}"
@@ -287,7 +312,6 @@ def shapes_from_toml(section: Mapping[str, object]) -> tuple[Shape, ...]:
             raise ConfigError(f"{where}.sql", "missing" if sql is None else f"expected a string, got {sql!r}")
         if source is not None and not isinstance(source, str):
             raise ConfigError(f"{where}.from", f"expected an output name, got {source!r}")
-        check_deterministic(sql, f"{where}.sql")
         shapes.append(Shape(name, source, sql))
     return tuple(shapes)
 
