@@ -8,6 +8,7 @@ import sys
 import pytest
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_importing_reclock_loads_no_spark_delta_or_kafka():
     code = (
         "import sys, reclock\n"
@@ -26,6 +27,7 @@ def test_public_core_api_is_exported():
         assert name in reclock.__all__ and hasattr(reclock, name)
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_the_public_surface_is_importable_from_reclock_and_loads_only_on_use():
     code = (
         "import sys, reclock\n"
