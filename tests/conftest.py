@@ -53,7 +53,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: Under pytest-xdist, the tests of each of these parts go to one worker, so that a run still starts
+#: one Spark session (and cluster, and plugin environment), one broker, one S3 server; a test that
+#: uses several goes with the first. The Spark group also keeps the JVM-heavy tests off the other
+#: worker, which meanwhile runs the light ones.
+GROUPS = {
+    "spark": frozenset({"spark", "spark_cluster", "plugin_python", "executor_python"}),
+    "kafka": frozenset({"broker"}),
+    "s3": frozenset({"s3_server"}),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    distributed = config.pluginmanager.hasplugin("xdist")
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         parts = {part for part, fixtures in PARTS.items() if used & fixtures}
@@ -61,6 +74,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for part in sorted(parts):
             item.add_marker(part)
         item.add_marker("integration" if parts else "unit")
+        group = next((g for g, fixtures in GROUPS.items() if g in parts or used & fixtures), None)
+        if distributed and group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
