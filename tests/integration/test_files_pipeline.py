@@ -216,11 +216,14 @@ def cli_file_states(tmp_path: Path, capsys) -> dict[tuple[str, int], dict]:
 
 
 @pytest.mark.usefixtures("reclock_processes")
-def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_accepts_every_loaded_file(tmp_path, capsys):
-    """A job SIGKILLed six times, each at a random moment after it landed a batch: after every kill
-    ``reclock files`` says Loaded for exactly the files whose rows are in the output (read from the
-    parquet files the ``_delta_log`` lists), and ``drop-file`` then accepts every one of them. A
-    last run catches the ``files`` history log up with what the kills cut off."""
+def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_accepts_every_loaded_file(
+    tmp_path, capsys, long_lane
+):
+    """A job SIGKILLed six times (with ``--long``, until every file is in), each at a random moment
+    after it landed a batch: after every kill ``reclock files`` says Loaded for exactly the files
+    whose rows are in the output (read from the parquet files the ``_delta_log`` lists), and
+    ``drop-file`` then accepts every one of them. A last run catches the ``files`` history log up
+    with what the kills cut off."""
     folder = tmp_path / "in"
     sizes = write_numbered_csvs(folder, 60, lambda f: 2_000 + 97 * f)
     definition = config(tmp_path, stop_on_error=True, files_per_batch=1, idle_interval=0.2)
@@ -229,7 +232,7 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     kills = 0
-    while kills < 6:
+    while kills < (len(sizes) if long_lane else 6):
         before = commits(lake)
         job = subprocess.Popen(
             [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "ingest"],
