@@ -9,9 +9,10 @@ a fixture that needs ``broker`` makes its tests ``kafka``), so the markers canno
 a test really starts: ``spark``, ``kafka``, ``s3``, ``postgres``, ``browser``, and ``process`` for a
 test that starts ``reclock`` (or a Python that imports it) as a subprocess, which such a test
 declares by using the ``reclock_processes`` fixture. A test with none of these is ``unit``; every
-other one is also ``integration``. ``scripts/test`` runs ``-m unit`` first, then the rest. A part a
-test reaches without a fixture (a ``reclock start`` subprocess of a Spark pipeline starts its own
-JVM) is marked by hand with the same name, and the hook counts it.
+other one is also ``integration``. ``scripts/test`` runs ``-m unit`` first, then the rest in two
+pytest sessions side by side (``spark or s3``, and the others), so each part is up once per session.
+A part a test reaches without a fixture (a ``reclock start`` subprocess of a Spark pipeline starts
+its own JVM) is marked by hand with the same name, and the hook counts it.
 
 **Long campaigns.** ``--long`` (``scripts/test --long``) runs the fault campaigns with their long
 counts of kills and iterations; by default each runs a short version with the same assertions.
@@ -53,20 +54,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-#: Under pytest-xdist, the tests of each of these parts go to one worker, so that a run still starts
-#: one Spark session (and cluster, and plugin environment), one broker, one S3 server; a test that
-#: uses several goes with the first. The Spark group also keeps the JVM-heavy tests off the other
-#: worker, which meanwhile runs the light ones.
-GROUPS = {
-    "spark": frozenset({"spark", "spark_cluster", "plugin_python", "executor_python"}),
-    "kafka": frozenset({"broker"}),
-    "s3": frozenset({"s3_server"}),
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    distributed = config.pluginmanager.hasplugin("xdist")
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
         parts = {part for part, fixtures in PARTS.items() if used & fixtures}
@@ -74,9 +62,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for part in sorted(parts):
             item.add_marker(part)
         item.add_marker("integration" if parts else "unit")
-        group = next((g for g, fixtures in GROUPS.items() if g in parts or used & fixtures), None)
-        if distributed and group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
