@@ -145,6 +145,7 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
+@pytest.mark.usefixtures("reclock_processes")  # the command itself, to compare with
 def test_reclock_in_process_answers_as_the_command_does(tmp_path):
     lake = str(tmp_path / "lake")
     here = reclock_in_process("--lake", lake, "status")
