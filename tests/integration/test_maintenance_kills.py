@@ -138,10 +138,10 @@ def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resu
 def test_sigkill_of_a_job_maintaining_every_other_batch_loses_and_duplicates_nothing(tmp_path, long_lane):
     """With maintenance every 2 batches, a good share of a job's time is maintenance: random kills
     land in remap compactions, optimizes, vacuums and checkpoints as well as in batches (3 kills,
-    30 with ``--long``). The generator's records come at 4,000 a second for as long as the kills
-    last (a kill every 2.75 s on average), so that every run has batches to land."""
+    30 with ``--long``). There are records for every run to land: 8,000 per kill at least, about
+    what a run lands in the 2.75 s it lives on average."""
     kills = 30 if long_lane else 3
-    limit = LIMIT * kills // 3
+    limit = max(LIMIT, 8_000 * kills)
     lake = _define(tmp_path, every=2, limit=limit)
     rng = random.Random(11)
     for _ in range(kills):
