@@ -1,13 +1,110 @@
-"""Project-wide test settings: deterministic hypothesis runs without wall-clock deadlines.
+"""Project-wide test settings: deterministic hypothesis runs, the lanes, and ``--long``.
 
-These machines are noisy (first calls into Arrow compute or Delta take hundreds of ms), so a
-deadline would make property tests flaky without pinning any behaviour. CI runs the same number
-of examples as a developer, so the unit suite stays under a minute everywhere.
+Hypothesis runs without wall-clock deadlines: these machines are noisy (first calls into Arrow
+compute or Delta take hundreds of ms), so a deadline would make property tests flaky without
+pinning any behaviour. CI runs the same number of examples as a developer.
+
+**Lanes.** Every test is marked by the real parts it uses, derived from its fixtures (the closure:
+a fixture that needs ``broker`` makes its tests ``kafka``), so the markers cannot drift from what
+a test really starts: ``spark``, ``kafka``, ``s3``, ``postgres``, ``browser``, and ``process`` for a
+test that starts ``reclock`` (or a Python that imports it) as a subprocess, which such a test
+declares by using the ``reclock_processes`` fixture. A test with none of these is ``unit``; every
+other one is also ``integration``. ``scripts/test`` runs ``-m unit`` first, then the rest in two
+pytest sessions side by side (``spark or s3``, and the others), so each part is up once per session.
+A part a test reaches without a fixture (a ``reclock start`` subprocess of a Spark pipeline starts
+its own JVM) is marked by hand with the same name, and the hook counts it.
+
+**Long campaigns.** ``--long`` (``scripts/test --long``) runs the fault campaigns with their long
+counts of kills and iterations; by default each runs a short version with the same assertions.
+Tests read the lane from the ``long_lane`` fixture.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 from hypothesis import HealthCheck, settings
+
+pytest_plugins = ["pytester"]  # tests/unit/test_lanes.py runs the lane machinery in a throwaway session
 
 settings.register_profile("reclock", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("reclock")
+
+#: Each part's marker, and the fixtures that bring the part up (or, for ``process``, declare it).
+PARTS: dict[str, frozenset[str]] = {
+    "spark": frozenset({"spark", "spark_cluster"}),
+    "kafka": frozenset({"broker"}),
+    "s3": frozenset({"s3_server"}),
+    "postgres": frozenset({"postgres"}),
+    "browser": frozenset({"browser"}),
+    "process": frozenset({"reclock_processes", "plugin_python", "executor_python"}),
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="run the long fault campaigns (more kills and iterations; see docs/reliability.md)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        parts = {part for part, fixtures in PARTS.items() if used & fixtures}
+        parts |= {mark.name for mark in item.iter_markers() if mark.name in PARTS}
+        for part in sorted(parts):
+            item.add_marker(part)
+        item.add_marker("integration" if parts else "unit")
+
+
+@pytest.fixture(scope="session")
+def long_lane(request: pytest.FixtureRequest) -> bool:
+    """Whether this run is the long lane (``--long``): campaigns pick their counts by it."""
+    return bool(request.config.getoption("--long"))
+
+
+@pytest.fixture
+def reclock_processes() -> Iterator[None]:
+    """Declares that the test starts ``reclock`` processes (the ``process`` lane), and kills what
+    of them still runs when it ends, failed or not: a job left running would hold its lake's lease
+    and the machine's cores through every later test.
+
+    Function-scoped, so it sets up after every session and module fixture: the processes those
+    start (the broker, Spark, moto) are already children when it looks, and are left alone.
+    """
+    before = set(_children())
+    yield
+    for pid, argv in _children().items():
+        if pid in before or not any("reclock" in arg for arg in argv):
+            continue
+        try:
+            if os.getpgid(pid) == pid:  # its own session (a job and its Spark JVM): the whole group
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _children() -> dict[int, list[str]]:
+    """This process's live children and their command lines, from /proc."""
+    me = os.getpid()
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) "
+            if int(fields[1]) == me and fields[0] != "Z":
+                found[int(entry.name)] = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except (OSError, ValueError):
+            continue
+    return found

@@ -3,8 +3,9 @@
 One campaign of :mod:`tests.faults.crash` runs for the whole module (about a minute): a Kafka
 pipeline (appended and upsert outputs) and a files pipeline, each killed 6 times (2 of them on
 Spark, one in its JVM's start-up), then caught up and stopped cleanly. Each test asserts one of
-the promises on the campaign's report, so a failure names the promise that broke. The long mode
-(``python -m tests.faults.crash --kills 100``) is documented in docs/reliability.md.
+the promises on the campaign's report, so a failure names the promise that broke. With ``--long``
+(``scripts/test --long``) the campaign is the long one of docs/reliability.md: 100 kills per
+pipeline, 4 of them on Spark, about 16 minutes.
 """
 
 from __future__ import annotations
@@ -13,22 +14,26 @@ import pytest
 
 from tests.faults.crash import DROPS, STREAMS, Campaign, Report, run_campaign
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
-
-KILLS, SPARK_KILLS = 6, 2
+# Its own broker and Spark jobs, all in `reclock start` subprocesses: no fixture brings them up.
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.usefixtures("reclock_processes")]
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory) -> Report:
-    return run_campaign(tmp_path_factory.mktemp("crash"), Campaign(kills=KILLS, spark_kills=SPARK_KILLS, seed=8))
+def campaign(long_lane) -> Campaign:
+    return Campaign(kills=100, spark_kills=4, seed=1) if long_lane else Campaign(kills=6, spark_kills=2, seed=8)
 
 
-def test_every_job_was_killed_as_planned_and_none_died_on_its_own(report):
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, campaign) -> Report:
+    return run_campaign(tmp_path_factory.mktemp("crash"), campaign)
+
+
+def test_every_job_was_killed_as_planned_and_none_died_on_its_own(report, campaign):
     assert not report.anomalies, report.anomalies
     for source in (STREAMS, DROPS):
         kills = [k for k in report.kills if k.source == source]
-        assert len(kills) == KILLS
-        assert sum(k.engine == "spark" for k in kills) == SPARK_KILLS
+        assert len(kills) == campaign.kills
+        assert sum(k.engine == "spark" for k in kills) == campaign.spark_kills
         assert any(k.engine == "spark" and k.phase == "start-up" for k in kills), kills  # in the JVM's start-up
         assert sum(k.phase == "running" for k in kills) >= 3, kills  # among batches and commits
     assert report.acked >= 1000 and report.lines_dropped >= 300  # a few thousand records, really fed

@@ -24,10 +24,9 @@ import pytest
 
 from reclock.sources.files import FilesSource
 from reclock.timeline.frontier import Frontier
-from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
+from tests.cli import reclock_in_process
+from tests.integration.helpers import expected_generator_offsets, write_config
 from tests.integration.s3 import REGION, S3Server
-
-pytestmark = [pytest.mark.integration]
 
 COLUMNS = {"id": "int64", "name": "string"}
 
@@ -172,11 +171,11 @@ def test_an_s3_files_pipeline_keeps_loaded_and_skipped_states_and_drop_file_read
         source={"kind": "files", "path": f"s3://{files}/in", "columns": COLUMNS, "storage_options": options},
     )
     lake = ["--lake", lake_uri, *(a for k, v in options.items() for a in ("--storage-option", f"{k}={v}"))]
-    said = [reclock_cli("create", str(config), env=env)]
+    said = [reclock_in_process("create", str(config), env=env)]
     assert said[-1].returncode == 0, said[-1].stderr
-    said.append(reclock_cli(*lake, "start", "ingest", "--max-seconds", "6", env=env))
+    said.append(reclock_in_process(*lake, "start", "ingest", "--max-seconds", "6", env=env))
     assert said[-1].returncode == 0, said[-1].stderr[-3000:]
-    said.append(reclock_cli(*lake, "files", "ingest", "--json", env=env))
+    said.append(reclock_in_process(*lake, "files", "ingest", "--json", env=env))
     states = {r["path"]: r for r in json.loads(said[-1].stdout)}
     assert {p: r["state"] for p, r in states.items()} == {
         "a.csv.gz": "Loaded",
@@ -184,11 +183,11 @@ def test_an_s3_files_pipeline_keeps_loaded_and_skipped_states_and_drop_file_read
         "c.jsonl": "Loaded",
     }
     assert "b.csv.gz: cannot be decompressed as gzip" in states["b.csv.gz"]["reason"]
-    said.append(reclock_cli(*lake, "drop-file", "ingest", "a.csv.gz", env=env))
+    said.append(reclock_in_process(*lake, "drop-file", "ingest", "a.csv.gz", env=env))
     assert said[-1].returncode == 0, said[-1].stderr
-    said.append(reclock_cli(*lake, "start", "ingest", "--max-seconds", "6", env=env))
+    said.append(reclock_in_process(*lake, "start", "ingest", "--max-seconds", "6", env=env))
     assert said[-1].returncode == 0, said[-1].stderr[-3000:]
-    said.append(reclock_cli(*lake, "status", "ingest", "--json", env=env))
+    said.append(reclock_in_process(*lake, "status", "ingest", "--json", env=env))
 
     rows = _rows_on_server(s3_server, f"{lake_uri}/ingest/outputs/rows")
     assert Counter(rows["_partition"].to_list()) == {'["a.csv.gz",0]': 50, '["a.csv.gz",1]': 50, '["c.jsonl",0]': 30}
@@ -205,6 +204,7 @@ def test_an_s3_files_pipeline_keeps_loaded_and_skipped_states_and_drop_file_read
 
 
 @pytest.mark.spark
+@pytest.mark.usefixtures("reclock_processes")
 def test_files_from_s3_some_gzipped_one_cut_into_pieces_sigkilled_and_restarted_land_exactly_once(s3_server, tmp_path):
     """Acceptance (issue 13, files): a files pipeline over an ``s3://`` prefix, some files gzip
     compressed and one large JSON lines file read by several Spark tasks, into an ``s3://`` lake;
@@ -239,7 +239,7 @@ def test_files_from_s3_some_gzipped_one_cut_into_pieces_sigkilled_and_restarted_
             "split_bytes": 256 << 10,  # big.jsonl (about 1.6 MB) is read by about seven tasks
         },
     )
-    assert reclock_cli("create", str(config), env=env).returncode == 0, "create failed"
+    assert reclock_in_process("create", str(config), env=env).returncode == 0, "create failed"
     output = f"{lake_uri}/ingest/outputs/rows"
 
     job = _start(lake_uri, "ingest", env)
@@ -260,7 +260,7 @@ def test_files_from_s3_some_gzipped_one_cut_into_pieces_sigkilled_and_restarted_
             assert time.monotonic() < deadline + 300 and job.poll() is None, "the restarted job did not finish"
             time.sleep(1)
     finally:
-        assert reclock_cli("--lake", lake_uri, "stop", "ingest", env=env).returncode == 0
+        assert reclock_in_process("--lake", lake_uri, "stop", "ingest", env=env).returncode == 0
         job.wait(timeout=120)
 
     rows = _rows_on_server(s3_server, output)
@@ -271,7 +271,7 @@ def test_files_from_s3_some_gzipped_one_cut_into_pieces_sigkilled_and_restarted_
     tops = dict(zip(by_file["_partition"].to_list(), by_file["top"].to_list(), strict=True))
     assert tops['["f01.csv.gz",0]'] == 0 and tops['["f02.csv",0]'] > 0, "a gzip file's rows are at offset 0"
     assert _rows_on_server(s3_server, f"{lake_uri}/ingest/outputs/_errors").height == 0
-    pieces = reclock_cli("--lake", lake_uri, "batches", "ingest", "--json", "--limit", "0", env=env)
+    pieces = reclock_in_process("--lake", lake_uri, "batches", "ingest", "--json", "--limit", "0", env=env)
     assert pieces.returncode == 0, pieces.stderr
     big_rows = [r for r in json.loads(pieces.stdout) if r.get("partition") == '["big.jsonl",0]']
     assert len({r["earliest_offset"] for r in big_rows if r.get("state") == "Succeeded"}) > 1, big_rows[:3]
@@ -299,8 +299,8 @@ def _orders_lake(server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPat
         source={"kind": "generator", "partitions": 4, "limit": 20_000},
     )
     env = {**os.environ, **server.environ}
-    assert reclock_cli("create", str(config), env=env).returncode == 0
-    done = reclock_cli("--lake", lake_uri, "start", "orders", env=env, timeout=600)
+    assert reclock_in_process("create", str(config), env=env).returncode == 0
+    done = reclock_in_process("--lake", lake_uri, "start", "orders", env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in [n for n in os.environ if n.startswith("AWS_")]:
         monkeypatch.delenv(name)

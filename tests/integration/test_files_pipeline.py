@@ -28,8 +28,6 @@ from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
 from tests.integration.helpers import files_pipeline_config, write_numbered_csvs
 
-pytestmark = pytest.mark.integration
-
 
 def config(tmp_path: Path, *, stop_on_error: bool, files_per_batch: int = 2, **pipeline: object) -> Path:
     return files_pipeline_config(
@@ -114,6 +112,7 @@ def test_stop_on_error_fails_naming_the_file_with_nothing_of_the_batch_visible(t
     assert "c.parquet" not in loaded
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tmp_path):
     expected = make_inputs(tmp_path, corrupt=False)
     assert main(["create", str(config(tmp_path, stop_on_error=True, idle_interval=0.2))]) == 0
@@ -136,6 +135,7 @@ def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tm
     assert file_states(tmp_path)["a.csv#1"] == "Loaded"
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_file_is_all_in_or_all_out_at_every_moment_even_across_sigkill(tmp_path):
     folder = tmp_path / "in"
     sizes = write_numbered_csvs(folder, 60, lambda f: 3_000 + 137 * f)
@@ -215,11 +215,15 @@ def cli_file_states(tmp_path: Path, capsys) -> dict[tuple[str, int], dict]:
     return {(r["path"], r["generation"]): r for r in json.loads(capsys.readouterr().out)}
 
 
-def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_accepts_every_loaded_file(tmp_path, capsys):
-    """A job SIGKILLed six times, each at a random moment after it landed a batch: after every kill
-    ``reclock files`` says Loaded for exactly the files whose rows are in the output (read from the
-    parquet files the ``_delta_log`` lists), and ``drop-file`` then accepts every one of them. A
-    last run catches the ``files`` history log up with what the kills cut off."""
+@pytest.mark.usefixtures("reclock_processes")
+def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_accepts_every_loaded_file(
+    tmp_path, capsys, long_lane
+):
+    """A job SIGKILLed six times (with ``--long``, until every file is in), each at a random moment
+    after it landed a batch: after every kill ``reclock files`` says Loaded for exactly the files
+    whose rows are in the output (read from the parquet files the ``_delta_log`` lists), and
+    ``drop-file`` then accepts every one of them. A last run catches the ``files`` history log up
+    with what the kills cut off."""
     folder = tmp_path / "in"
     sizes = write_numbered_csvs(folder, 60, lambda f: 2_000 + 97 * f)
     definition = config(tmp_path, stop_on_error=True, files_per_batch=1, idle_interval=0.2)
@@ -228,7 +232,7 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     kills = 0
-    while kills < 6:
+    while kills < (len(sizes) if long_lane else 6):
         before = commits(lake)
         job = subprocess.Popen(
             [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "ingest"],

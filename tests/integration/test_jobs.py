@@ -11,9 +11,10 @@ import time
 
 import pytest
 
+from tests.cli import reclock_in_process
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, reclock_cli, write_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("reclock_processes")]  # Spark jobs, in subprocesses
 
 
 def test_executors_in_separate_processes_run_the_data_plane(tmp_path):
@@ -28,7 +29,7 @@ def test_executors_in_separate_processes_run_the_data_plane(tmp_path):
         },
         source={"kind": "generator", "partitions": 4, "limit": 40_000, "max_split_offsets": 4_000},
     )
-    assert reclock_cli("create", str(config)).returncode == 0
+    assert reclock_in_process("create", str(config)).returncode == 0
     done = reclock_cli("--lake", str(tmp_path / "lake"), "start", "cluster", timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_exactly_once_and_stamped_by_the_remap(tmp_path / "lake", "cluster", 4, 40_000)
@@ -41,7 +42,7 @@ def test_sigkill_mid_run_then_restart_loses_and_duplicates_nothing(tmp_path):
         pipeline={"name": "killed", "lake": "lake", "engine": "spark", "max_batch": 10_000, "batch_interval": 0.2},
         source={"kind": "generator", "partitions": 4, "rate": 25_000, "limit": 150_000},
     )
-    assert reclock_cli("create", str(config)).returncode == 0
+    assert reclock_in_process("create", str(config)).returncode == 0
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     job = subprocess.Popen(
         [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "killed"],

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import os
 
-import pytest
-
 from reclock.persist.asof import read_as_of, readable_upper
+from tests.cli import reclock_in_process
 from tests.delta_log import replay
-from tests.integration.helpers import files_pipeline_config, reclock_cli
+from tests.integration.helpers import files_pipeline_config
 from tests.integration.s3 import mirror
-
-pytestmark = [pytest.mark.integration]
 
 
 def test_a_partitioned_output_gains_a_column_in_an_s3_lake(s3_server, tmp_path):
@@ -25,11 +22,11 @@ def test_a_partitioned_output_gains_a_column_in_an_s3_lake(s3_server, tmp_path):
     (folder / "a.csv").write_text("id,name\n1,a\n2,b\n")
     config = files_pipeline_config(tmp_path / "files.toml", folder, pipeline={"lake": lake_uri, "batch_interval": 0.05})
     config.write_text(config.read_text() + '[outputs.rows]\npartition_by = ["name"]\nschema_evolution = "add"\n')
-    assert reclock_cli("create", str(config), env=env).returncode == 0
-    started = reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env)
+    assert reclock_in_process("create", str(config), env=env).returncode == 0
+    started = reclock_in_process("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env)
     assert started.returncode == 0, started.stderr
     (folder / "b.csv").write_text("id,name,color\n3,a,red\n4,c,\n")
-    started = reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env)
+    started = reclock_in_process("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env)
     assert started.returncode == 0, started.stderr
 
     copy = mirror(s3_server, bucket, "lake/ingest", tmp_path / "mirror")

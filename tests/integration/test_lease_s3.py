@@ -18,11 +18,10 @@ import pytest
 
 from reclock.persist.lake import Lake
 from reclock.persist.lease import Lease, LeaseHeld
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
 from tests.integration.s3 import S3Server, mirror
-
-pytestmark = [pytest.mark.integration]
 
 TTL_S = 4.0
 PARTITIONS, LIMIT = 2, 40_000
@@ -53,6 +52,7 @@ def _wait(what: str, ready, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_paused_driver_loses_its_lease_to_a_second_one_and_is_fenced_when_it_resumes(s3_server, tmp_path):
     bucket = s3_server.bucket()
     lake_uri = f"s3://{bucket}/lake"
@@ -63,7 +63,7 @@ def test_a_paused_driver_loses_its_lease_to_a_second_one_and_is_fenced_when_it_r
         lease={"ttl_seconds": TTL_S},
         source={"kind": "generator", "partitions": PARTITIONS, "rate": 1_000, "limit": LIMIT},
     )
-    created = reclock_cli("create", str(config), env=env)
+    created = reclock_in_process("create", str(config), env=env)
     assert created.returncode == 0, created.stderr
     status_key, lease_key = "lake/leased/status.json", "lake/leased/control/lease.json"
 

@@ -19,22 +19,23 @@ from pathlib import Path
 import pytest
 
 from reclock.persist.lake import Lake
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
-from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, reclock_cli, write_config
+from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, write_config
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 
 PARTITIONS, LIMIT = 2, 40_000
 
 
-def _define(tmp_path: Path, every: int) -> Path:
+def _define(tmp_path: Path, every: int, limit: int = LIMIT) -> Path:
     config = write_config(
         tmp_path / "m.toml",
         pipeline={"name": "m", "lake": "lake", "engine": "local", "max_batch": 150, "batch_interval": 0.05},
         maintenance={"every": every, "history_minutes": 0},
-        source={"kind": "generator", "partitions": PARTITIONS, "limit": LIMIT, "rate": 4000},
+        source={"kind": "generator", "partitions": PARTITIONS, "limit": limit, "rate": 4000},
     )
-    assert reclock_cli("create", str(config)).returncode == 0
+    assert reclock_in_process("create", str(config)).returncode == 0
     return tmp_path / "lake"
 
 
@@ -92,46 +93,69 @@ def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]]) -> 
         delay += 0.04
 
 
+def _kill_at_the_first_output_commit(lake: Path, rows: dict[str, list[tuple]]) -> int:
+    """Run ``optimize`` and SIGKILL it the moment an output's log gains its first commit: between
+    two of its commits, which the 0.1 s steps of :func:`_kill_until_done` can step over when every
+    commit lands within one step. The rows must be exactly ``rows``; returns the live output files."""
+    logs = [Lake.at(lake).output_path("m", output) / "_delta_log" for output in Lake.at(lake).outputs("m")]
+
+    def versions() -> int:  # the newest version of each log, summed: log cleanups only remove older ones
+        return sum(max((int(e.stem) for e in log.glob("*.json") if e.stem.isdigit()), default=-1) for log in logs)
+
+    before = versions()
+    process = _popen(lake, "optimize", "m")
+    deadline = time.monotonic() + 120
+    while versions() == before and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    _kill(process)
+    assert _rows(lake) == rows, "an optimize killed after its first output commit changed rows"
+    return _files(lake)
+
+
 def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path):
     lake = _define(tmp_path, every=0)
-    done = reclock_cli("--lake", str(lake), "start", "m", "--max-seconds", "6", timeout=120)
+    done = reclock_in_process("--lake", str(lake), "start", "m", "--max-seconds", "6")
     assert done.returncode == 0, done.stderr[-2000:]
     before = _rows(lake)
     remap_before = Remap.read(lake / "m" / "remap")
     files_before = _files(lake)
     assert files_before > 40, "too few small files for maintenance to have work"
-    after_kills = {command: _kill_until_done(lake, command, before) for command in ("optimize", "vacuum")}
-    merged = after_kills["optimize"]
+    merged = [_kill_at_the_first_output_commit(lake, before), *_kill_until_done(lake, "optimize", before)]
+    _kill_until_done(lake, "vacuum", before)
     assert any(merged[-1] < n < files_before for n in merged[:-1]), f"no kill landed between commits: {merged}"
-    done = reclock_cli("--lake", str(lake), "optimize", "m")
+    done = reclock_in_process("--lake", str(lake), "optimize", "m")
     assert done.returncode == 0, done.stderr
     assert "optimized pipeline 'm': remap table compacted to since" in done.stdout
-    done = reclock_cli("--lake", str(lake), "vacuum", "m")
+    done = reclock_in_process("--lake", str(lake), "vacuum", "m")
     assert done.returncode == 0 and "unreferenced files deleted" in done.stdout, done.stderr
     assert _rows(lake) == before
     assert _files(lake) <= len(Lake.at(lake).outputs("m"))
     remap = Remap.read(lake / "m" / "remap")
     assert remap.since is not None and remap.frontier_at(remap.since) == remap_before.frontier_at(remap.since)
-    done = reclock_cli("--lake", str(lake), "start", "m", timeout=300)
+    done = reclock_in_process("--lake", str(lake), "start", "m")
     assert done.returncode == 0, done.stderr[-2000:]
     assert_exactly_once_and_stamped_by_the_remap(lake, "m", PARTITIONS, LIMIT)
 
 
-def test_sigkill_of_a_job_maintaining_every_other_batch_loses_and_duplicates_nothing(tmp_path):
+def test_sigkill_of_a_job_maintaining_every_other_batch_loses_and_duplicates_nothing(tmp_path, long_lane):
     """With maintenance every 2 batches, a good share of a job's time is maintenance: random kills
-    land in remap compactions, optimizes, vacuums and checkpoints as well as in batches."""
-    lake = _define(tmp_path, every=2)
+    land in remap compactions, optimizes, vacuums and checkpoints as well as in batches (3 kills,
+    30 with ``--long``). There are records for every run to land: 8,000 per kill at least, about
+    what a run lands in the 2.75 s it lives on average."""
+    kills = 30 if long_lane else 3
+    limit = max(LIMIT, 8_000 * kills)
+    lake = _define(tmp_path, every=2, limit=limit)
     rng = random.Random(11)
-    for _ in range(6):
+    for _ in range(kills):
         job = _popen(lake, "start", "m")
         time.sleep(rng.uniform(1.5, 4.0))
         _kill(job)
     assert Remap.read(lake / "m" / "remap").since is not None, "no maintenance ever completed"
-    done = reclock_cli("--lake", str(lake), "start", "m", timeout=300)
+    done = reclock_in_process("--lake", str(lake), "start", "m")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert_exactly_once_and_stamped_by_the_remap(lake, "m", PARTITIONS, LIMIT)
+    assert_exactly_once_and_stamped_by_the_remap(lake, "m", PARTITIONS, limit)
     assert _files(lake) < 20, "maintenance did not keep the outputs' files few"
-    shown = json.loads(reclock_cli("--lake", str(lake), "status", "m", "--json").stdout)[0]["last_maintenance"]
+    shown = json.loads(reclock_in_process("--lake", str(lake), "status", "m", "--json").stdout)[0]["last_maintenance"]
     assert shown["since"] > 0 and shown["duration_ms"] >= 0 and set(shown["optimized"]) >= {"bids", "_errors"}
 
 
@@ -143,7 +167,7 @@ def test_maintenance_by_hand_refuses_a_running_pipeline(tmp_path):
         while not (lake / "m" / "status.json").exists():
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        done = reclock_cli("--lake", str(lake), "optimize", "m")
+        done = reclock_in_process("--lake", str(lake), "optimize", "m")
         assert done.returncode != 0
         assert done.stderr.strip().count("\n") == 0 and "is already running" in done.stderr, done.stderr
     finally:

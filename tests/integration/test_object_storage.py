@@ -26,6 +26,7 @@ from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import OutputSink, table_schema, write_data_file
 from reclock.timeline.frontier import Frontier, encode_partition
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import (
     expected_generator_offsets,
@@ -35,8 +36,6 @@ from tests.integration.helpers import (
     write_numbered_csvs,
 )
 from tests.integration.s3 import S3Server, mirror
-
-pytestmark = [pytest.mark.integration]
 
 
 def _delta_options(server: S3Server) -> dict[str, str]:
@@ -137,6 +136,7 @@ def _status_from_server(server: S3Server, bucket: str, key: str) -> dict:
 
 
 @pytest.mark.spark
+@pytest.mark.usefixtures("reclock_processes")
 def test_generator_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_exactly_once(s3_server, tmp_path):
     bucket = s3_server.bucket()
     lake_uri = f"s3://{bucket}/prod"
@@ -147,7 +147,7 @@ def test_generator_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_exactl
         spark={"small_batch_offsets": 0},  # every batch runs as Spark tasks writing into the store
         source={"kind": "generator", "partitions": 4, "rate": 20_000, "limit": 60_000},
     )
-    assert reclock_cli("create", str(config), env=env).returncode == 0
+    assert reclock_in_process("create", str(config), env=env).returncode == 0
     job = _start(lake_uri, "killed", env)
     deadline = time.monotonic() + 180
     status: dict = {}
@@ -183,7 +183,7 @@ def test_generator_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_exactl
         o: (len(k) if o != "_errors" else 0)
         for o, k in {**expected_generator_offsets(4, 60_000), "_errors": set()}.items()
     }
-    shown = reclock_cli("--lake", lake_uri, "status", "killed", "--json", env=env)
+    shown = reclock_in_process("--lake", lake_uri, "status", "killed", "--json", env=env)
     assert shown.returncode == 0, shown.stderr
     [row] = json.loads(shown.stdout)
     assert (row["health"], row["finished"], row["readable_upper"], row["unreadable"]) == (
@@ -215,7 +215,7 @@ def test_storage_credentials_stay_out_of_the_lake_the_status_and_the_output(s3_s
         },
         source={"kind": "generator", "partitions": 2, "limit": 5_000},
     )
-    created = reclock_cli("create", str(config), env=env)
+    created = reclock_in_process("create", str(config), env=env)
     assert created.returncode == 0, created.stderr
     flags = [
         "--lake",
@@ -233,7 +233,7 @@ def test_storage_credentials_stay_out_of_the_lake_the_status_and_the_output(s3_s
     ]
     outputs = [created]
     for command in (["start", "quiet"], ["status", "--json"], ["batches", "quiet"], ["errors", "quiet"]):
-        done = reclock_cli(*flags, *command, env=env)
+        done = reclock_in_process(*flags, *command, env=env)
         assert done.returncode == 0, done.stderr
         outputs.append(done)
     assert json.loads(outputs[2].stdout)[0]["finished"]
@@ -245,7 +245,7 @@ def test_storage_credentials_stay_out_of_the_lake_the_status_and_the_output(s3_s
     assert any(p.name == "definition.json" for p in files) and any(p.name == "status.json" for p in files)
     assert not [p for p in files if secret.encode() in p.read_bytes()]
 
-    wrong = reclock_cli("--lake", lake_uri, "--storage-option", "secret=${S3_SECRET}", "status", env=env)
+    wrong = reclock_in_process("--lake", lake_uri, "--storage-option", "secret=${S3_SECRET}", "status", env=env)
     assert wrong.returncode == 2 and secret not in wrong.stderr
     assert "storage_options.secret: unknown storage option" in wrong.stderr
 
@@ -259,13 +259,13 @@ def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_s
     folder = tmp_path / "in"
     sizes = write_numbered_csvs(folder, 3, lambda f: 4 + f)
     config = files_pipeline_config(tmp_path / "files.toml", folder, pipeline={"lake": lake_uri, "batch_interval": 0.05})
-    assert reclock_cli("create", str(config), env=env).returncode == 0
-    assert reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
-    listed = reclock_cli("--lake", lake_uri, "files", "ingest", "--json", env=env)
+    assert reclock_in_process("create", str(config), env=env).returncode == 0
+    assert reclock_in_process("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
+    listed = reclock_in_process("--lake", lake_uri, "files", "ingest", "--json", env=env)
     assert {(r["path"], r["state"]) for r in json.loads(listed.stdout)} == {(p, "Loaded") for p in sizes}
-    dropped = reclock_cli("--lake", lake_uri, "drop-file", "ingest", "f01.csv", env=env)
+    dropped = reclock_in_process("--lake", lake_uri, "drop-file", "ingest", "f01.csv", env=env)
     assert dropped.returncode == 0, dropped.stderr
-    assert reclock_cli("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
+    assert reclock_in_process("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
 
     copy = mirror(s3_server, bucket, "lake/ingest", tmp_path / "mirror")
     assert json.loads((copy / "control" / "generations.json").read_text()) == {"f01.csv": 1}
@@ -277,6 +277,7 @@ def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_s
     }
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_second_job_on_the_same_s3_lake_is_refused_and_a_killed_one_shows_dead(s3_server, tmp_path):
     """The job lease of an object-store lake is an object in it; a holder that died on this machine
     frees it at once, so here it works as on a local lake (tests/integration/test_lease_s3.py pins
@@ -288,21 +289,21 @@ def test_a_second_job_on_the_same_s3_lake_is_refused_and_a_killed_one_shows_dead
         pipeline={"name": "only", "lake": lake_uri, "engine": "local", "batch_interval": 0.1},
         source={"kind": "generator", "partitions": 2, "rate": 2_000},
     )
-    assert reclock_cli("create", str(config), env=env).returncode == 0
+    assert reclock_in_process("create", str(config), env=env).returncode == 0
     job = _start(lake_uri, "only", env)
     try:
         deadline = time.monotonic() + 60
         while _status_from_server(s3_server, lake_uri.split("/")[2], "lake/only/status.json").get("batches", 0) < 2:
             assert time.monotonic() < deadline, "the job never got going"
             time.sleep(0.2)
-        second = reclock_cli("--lake", lake_uri, "start", "only", env=env)
+        second = reclock_cli("--lake", lake_uri, "start", "only", env=env)  # a process: it might not be refused
         assert second.returncode == 1 and "is already running" in second.stderr
-        running = json.loads(reclock_cli("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
+        running = json.loads(reclock_in_process("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
         assert running[0]["health"] == "running"
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(timeout=30)
-    dead = json.loads(reclock_cli("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
+    dead = json.loads(reclock_in_process("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
     assert dead[0]["health"] == "dead" and f"pid {job.pid}" in dead[0]["last_error"]
 
 
@@ -318,6 +319,8 @@ def _guide_blocks(fence: str, marker: str) -> list[str]:
     return blocks
 
 
+@pytest.mark.spark  # the guide's pipeline runs on the default engine
+@pytest.mark.usefixtures("reclock_processes")
 def test_the_object_storage_guide_recipes_run_against_the_server(s3_server, tmp_path, monkeypatch):
     """The guide's pipeline file and its as-of recipes, run as written against the test server."""
     client = s3_server.client()
@@ -330,7 +333,7 @@ def test_the_object_storage_guide_recipes_run_against_the_server(s3_server, tmp_
     }
     [toml] = _guide_blocks("toml", "illustrative: tests/integration/test_object_storage.py creates")
     (tmp_path / "orders.toml").write_text(toml)
-    created = reclock_cli("create", str(tmp_path / "orders.toml"), env=env)
+    created = reclock_in_process("create", str(tmp_path / "orders.toml"), env=env)
     assert created.returncode == 0, created.stderr
     env.update(
         {

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.usefixtures("reclock_processes")]  # pip, and a Python importing the wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from reclock.persist.asof import read_as_of_spark
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.layout import OutputLayout
@@ -16,8 +14,6 @@ from reclock.runtime.planes import SparkDataPlane
 from reclock.sources.files import FilesSource
 from reclock.testing import FakeClock
 from tests.delta_log import replay
-
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 T1, T2 = 1_795_000_000_000, 1_795_086_400_000  # two UTC days
 

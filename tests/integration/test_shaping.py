@@ -25,10 +25,9 @@ from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
 from reclock.runtime.shaping import Shape
 from reclock.sources.generator import BIDS, GeneratorSource
 from reclock.testing import FakeClock
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
-from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
-
-pytestmark = pytest.mark.integration
+from tests.integration.helpers import expected_generator_offsets, write_config
 
 SQL = "SELECT num, num / den AS ratio FROM input WHERE num >= 0"
 
@@ -59,6 +58,7 @@ def coordinates(row: dict) -> tuple[str, int]:
 
 
 @pytest.mark.parametrize("engine", ["local", pytest.param("spark", marks=pytest.mark.spark)])
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_division_by_zero_lands_good_rows_and_sends_bad_ones_to_errors_exactly(tmp_path, engine):
     truth = write_fractions(tmp_path / "in")
     good = {k: num // den for k, (num, den) in truth.items() if num >= 0 and den != 0}
@@ -78,7 +78,7 @@ def test_a_division_by_zero_lands_good_rows_and_sends_bad_ones_to_errors_exactly
         },
         outputs={"rows": {"sql": SQL}},
     )
-    created = reclock_cli("create", str(config))
+    created = reclock_in_process("create", str(config))
     assert created.returncode == 0, created.stderr
     job = subprocess.Popen(
         [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "frac"],
@@ -93,7 +93,7 @@ def test_a_division_by_zero_lands_good_rows_and_sends_bad_ones_to_errors_exactly
         while time.monotonic() < deadline and job.poll() is None and landed < len(good) + len(bad):
             time.sleep(0.5)
             landed = len(outside(lake, "frac", "outputs", "rows")) + len(outside(lake, "frac", "outputs", "_errors"))
-        assert reclock_cli("--lake", str(lake), "stop", "frac", "--wait", "120").returncode == 0
+        assert reclock_in_process("--lake", str(lake), "stop", "frac", "--wait", "120").returncode == 0
         _, stderr = job.communicate(timeout=180)
     finally:
         if job.poll() is None:

@@ -18,13 +18,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.envs import ROOT, clean_env
 from tests.integration.helpers import assert_rows_exactly_once, sensorlog_rows
-
-pytestmark = [pytest.mark.integration]
 
 PLUGIN = ROOT / "tests" / "plugins" / "sensorlog"
 GUIDE = ROOT / "docs" / "source-authors.md"

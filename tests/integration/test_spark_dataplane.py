@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from deltalake import DeltaTable
 
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, read_as_of_spark, readable_upper
@@ -16,8 +15,6 @@ from reclock.runtime.settings import Settings
 from reclock.sources.generator import GeneratorSource
 from reclock.testing import FakeClock
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap
-
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 PARTITIONS, LIMIT = 4, 60_000
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.integration.envs import ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
+pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("reclock_processes")]  # a driver JVM each, in a subprocess
 
 SESSION = """
 from reclock.job.spark import spark_session

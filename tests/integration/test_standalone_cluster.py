@@ -16,8 +16,6 @@ import re
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.integration.cluster import (
     EXECUTORS,
     SPARK_HOME,
@@ -33,8 +31,6 @@ from tests.integration.helpers import (
     expected_generator_offsets,
     sensorlog_rows,
 )
-
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 DEPLOY = ROOT / "docs" / "deploy.md"
 MARKER = re.compile(r"^<!-- deploy: (\S+) -->\s*$")

@@ -25,11 +25,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import files_pipeline_config
 
 pytestmark = [
-    pytest.mark.integration,
+    pytest.mark.usefixtures("reclock_processes"),
     pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs for the lake: needs root"),
 ]
 
@@ -81,7 +82,7 @@ def _reclock(lake: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def _status(lake: Path) -> dict:
-    done = _reclock(lake, "status", "ingest", "--json")
+    done = reclock_in_process("--lake", str(lake), "status", "ingest", "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)[0]
 
@@ -105,7 +106,7 @@ def _start(tmp_path: Path, lake: Path) -> tuple[subprocess.Popen, Path]:
         pipeline={**knobs, "stop_on_error": False},
         source={"max_files_per_batch": 3},
     )
-    created = _reclock(lake, "create", str(config))
+    created = reclock_in_process("--lake", str(lake), "create", str(config))
     assert created.returncode == 0, created.stderr
     log = tmp_path / "job.log"
     job = subprocess.Popen(

@@ -27,11 +27,10 @@ from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.settings import Settings
 from reclock.runtime.windows import Window
 from reclock.testing import FakeClock, MemorySource
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, label_of, read_rows
-from tests.integration.helpers import files_pipeline_config, reclock_cli, write_config, write_numbered_csvs
+from tests.integration.helpers import files_pipeline_config, write_config, write_numbered_csvs
 from tests.integration.s3 import mirror
-
-pytestmark = pytest.mark.integration
 
 BY_AUCTION = {
     "name": "by_auction",
@@ -168,6 +167,7 @@ def check_windows(lake: Path, pipeline: str, output: str, windows: list[dict], *
     return upper
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_window_outputs_equal_a_batch_recomputation_across_a_sigkill_and_restart(tmp_path):
     lake = tmp_path / "lake"
     config = write_config(
@@ -175,7 +175,7 @@ def test_window_outputs_equal_a_batch_recomputation_across_a_sigkill_and_restart
         pipeline={"name": "auctions", "lake": "lake", "engine": "local", "batch_interval": 0.1, "idle_interval": 0.5},
         source={"kind": "generator", "partitions": 3, "rate": 4000},
     )
-    assert reclock_cli("create", str(with_windows(config, BY_AUCTION, BY_CHANNEL))).returncode == 0
+    assert reclock_in_process("create", str(with_windows(config, BY_AUCTION, BY_CHANNEL))).returncode == 0
     job = start_job(lake, "auctions")
     labels = lake / "auctions" / "windows" / "by_auction"
     wait_for(lambda: len(window_commits(labels, "reclock/auctions/windows/by_auction")) >= 2, 120, "windows")
@@ -183,12 +183,13 @@ def test_window_outputs_equal_a_batch_recomputation_across_a_sigkill_and_restart
     os.killpg(job.pid, signal.SIGKILL)  # anywhere: mid-batch, mid-window, between two commits
     job.wait(timeout=30)
 
-    done = reclock_cli("--lake", str(lake), "start", "auctions", "--max-seconds", "5", timeout=300)
+    done = reclock_in_process("--lake", str(lake), "start", "auctions", "--max-seconds", "5")
     assert done.returncode == 0, done.stderr[-3000:]
     upper = check_windows(lake, "auctions", "bids", [BY_AUCTION, BY_CHANNEL])
     assert upper > 3000  # the run covered several windows of each size
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_an_idle_files_pipeline_still_emits_its_last_window_once_the_frontier_passes_its_end(tmp_path):
     lake = tmp_path / "lake"
     window = {
@@ -202,7 +203,7 @@ def test_an_idle_files_pipeline_still_emits_its_last_window_once_the_frontier_pa
     config = files_pipeline_config(
         tmp_path / "p.toml", tmp_path / "in", pipeline={"batch_interval": 0.1, "idle_interval": 0.5}
     )
-    assert reclock_cli("create", str(with_windows(config, window))).returncode == 0
+    assert reclock_in_process("create", str(with_windows(config, window))).returncode == 0
     job = start_job(lake, "ingest")
     output = lake / "ingest" / "outputs" / "rows"
     table = lake / "ingest" / "windows" / "by_name"
@@ -222,7 +223,7 @@ def test_an_idle_files_pipeline_still_emits_its_last_window_once_the_frontier_pa
     os.killpg(job.pid, signal.SIGKILL)
     job.wait(timeout=30)
 
-    done = reclock_cli("--lake", str(lake), "start", "ingest", "--max-seconds", "3", timeout=300)
+    done = reclock_in_process("--lake", str(lake), "start", "ingest", "--max-seconds", "3")
     assert done.returncode == 0, done.stderr[-3000:]
     check_windows(lake, "ingest", "rows", [window])
     rows = [r for _, added in window_commits(table, "reclock/ingest/windows/by_name") for r in added]
@@ -255,8 +256,8 @@ def test_a_bounded_generator_that_finishes_emits_its_last_partial_window_too(tmp
         pipeline={"name": "bounded", "lake": "lake", "engine": "local", "batch_interval": 0.1, "idle_interval": 0.5},
         source={"kind": "generator", "partitions": 2, "rate": 3000, "limit": 6000},
     )
-    assert reclock_cli("create", str(with_windows(config, BY_AUCTION))).returncode == 0
-    done = reclock_cli("--lake", str(lake), "start", "bounded", timeout=300)  # ends by itself, finished
+    assert reclock_in_process("create", str(with_windows(config, BY_AUCTION))).returncode == 0
+    done = reclock_in_process("--lake", str(lake), "start", "bounded")  # ends by itself, finished
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads((lake / "bounded" / "status.json").read_text())["finished"]
     check_windows(lake, "bounded", "bids", [BY_AUCTION], finished=True)

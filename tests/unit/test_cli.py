@@ -121,6 +121,7 @@ def start_running_job(tmp_path) -> tuple[subprocess.Popen, object]:
     return job, status_path
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
     job, status_path = start_running_job(tmp_path)
     assert main(["--lake", str(tmp_path / "lake"), "stop", "orders"]) == 0
@@ -130,6 +131,7 @@ def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
     assert stopped["resume_upper"] > 0  # the batch in flight when asked completed and committed
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_sigterm_stops_a_job_cleanly(tmp_path):
     job, status_path = start_running_job(tmp_path)
     job.terminate()
@@ -264,6 +266,7 @@ def test_command_line_numbers_out_of_range_are_one_line_naming_the_argument(tmp_
     assert f"argument {argument}: must be" in line
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_status_piped_into_a_reader_that_goes_away_ends_quietly(tmp_path):
     """``reclock status | head -1``: the reader closes the pipe; no BrokenPipeError on stderr."""
     assert main(["create", str(write(tmp_path, GOOD))]) == 0
@@ -322,6 +325,7 @@ def test_status_counts_rows_of_files_committed_without_statistics(tmp_path, caps
     assert row["outputs"]["bids"][0] == truth > 0 and row["unreadable"] is None
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_second_start_of_a_running_pipeline_is_refused(tmp_path, capsys):
     job, _ = start_running_job(tmp_path)
     try:
@@ -367,6 +371,7 @@ def start_job(lake, name: str, max_seconds: float) -> tuple[subprocess.Completed
     return done, time.monotonic() - started
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_max_seconds_holds_while_the_kafka_broker_is_down(tmp_path):
     """A probe waits up to read_timeout_s for a broker; a stop must not.
 
@@ -381,6 +386,7 @@ def test_max_seconds_holds_while_the_kafka_broker_is_down(tmp_path):
     assert json.loads((tmp_path / "lake" / "events" / "status.json").read_text())["health"] == "stopped"
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_number_valued_secret_is_masked_in_the_status_table_and_status(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("RECLOCK_TEST_SSL_PASSWORD", "hunter2-from-env")  # the job subprocess inherits it
     text = KAFKA.format(port=free_port()) + (

@@ -48,6 +48,7 @@ def test_the_readme_and_the_operations_guide_run():
 
 
 @pytest.mark.parametrize("key", sorted(SESSIONS))
+@pytest.mark.usefixtures("reclock_processes")
 def test_every_run_block_of_the_docs_runs_with_the_output_it_shows(key, tmp_path):
     env = _environment(tmp_path / ".bin")
     work = tmp_path / "work"

@@ -267,6 +267,7 @@ def test_bad_lines_go_to_errors_with_line_number_and_raw_text(tmp_path: Path) ->
     assert {e["kind"] for e in errors} == {PARSE}
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_csv_lines_that_are_not_utf8_go_to_errors_and_print_nothing(tmp_path: Path) -> None:
     """pyarrow hands a CSV row with the wrong number of fields to a Python callback as text; a
     row that is not UTF-8 failed inside that callback, uncatchable, and printed a traceback

@@ -90,6 +90,7 @@ def test_a_driver_that_slept_through_its_expiry_finds_out_at_its_next_check(tmp_
         paused.check()
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_lease_whose_holder_died_on_this_machine_is_taken_at_once(tmp_path):
     lake = Lake.at(tmp_path)
     code = (

@@ -43,7 +43,7 @@ def reclock(tmp_path, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def created(tmp_path):
+def created(tmp_path, reclock_processes):
     (tmp_path / "orders.toml").write_text(CONFIG)
     assert reclock(tmp_path, "create", "orders.toml").returncode == 0
     return tmp_path
@@ -85,6 +85,7 @@ def test_json_lines_name_their_fields(created):
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", e["ts"]) for e in entries)
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_bad_level_in_the_environment_is_one_line_naming_the_variable(tmp_path):
     done = reclock(tmp_path, "status", RECLOCK_LOG_LEVEL="loud")
     assert done.returncode == 2

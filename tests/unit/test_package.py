@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_importing_reclock_loads_no_spark_delta_or_kafka():
     code = (
         "import sys, reclock\n"
@@ -28,6 +29,7 @@ def test_public_core_api_is_exported():
         assert name in reclock.__all__ and hasattr(reclock, name)
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_the_public_surface_is_importable_from_reclock_and_loads_only_on_use():
     code = (
         "import sys, reclock\n"

@@ -26,6 +26,7 @@ def test_the_archive_holds_reclock_through_its_symlinked_folders_without_compile
     assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_a_fresh_interpreter_imports_reclock_and_the_plugin_from_the_archive(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(PLUGIN))
     archive = code_archive(["reclock", "sensorlog"], tmp_path / "code.zip")
@@ -71,6 +72,7 @@ def test_code_is_shipped_only_when_executors_are_other_processes(master, elsewhe
     assert runs_elsewhere(master) is elsewhere
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_the_spark_submit_entry_runs_the_cli_with_its_own_folder_off_the_path(tmp_path):
     entry = Path(__file__).resolve().parents[2] / "reclock" / "cli" / "submit.py"
     code = (

@@ -19,13 +19,15 @@ from pathlib import Path
 import pytest
 
 from reclock.demo.broker import BrokerError, EmbeddedBroker
+from tests.cli import reclock_in_process
 from tests.faults.crash import partition_id
 from tests.faults.reader import DeltaLog, Remap, read_rows
-from tests.integration.helpers import reclock_cli, write_config
+from tests.integration.helpers import write_config
 from tests.integration.kafka.conftest import Producer
 from tests.integration.kafka.test_kafka_pipeline import SCHEMA, _ends, _produce, _start_job, _status, _wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+# Brokers of its own, stopped and replaced under a `reclock start` subprocess.
+pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("reclock_processes")]
 
 TOPIC = "orders"
 
@@ -90,7 +92,7 @@ def test_broker_replaced_by_an_empty_one_fails_the_pipeline_naming_the_topic_and
         producer = Producer(first.bootstrap)
         produced = _produce(producer, TOPIC, range(300), partitions=2)
         producer.close()
-        assert reclock_cli("create", str(_config(tmp_path, name, first.bootstrap))).returncode == 0
+        assert reclock_in_process("create", str(_config(tmp_path, name, first.bootstrap))).returncode == 0
         stderr = tmp_path / "job.stderr"
         job = _start_job(lake, name, stderr)
         _wait_for(lambda: _in(lake, name, _ends(produced)), 60, "the records on the first broker")
@@ -99,7 +101,7 @@ def test_broker_replaced_by_an_empty_one_fails_the_pipeline_naming_the_topic_and
             first.stop()
             second = _empty_broker_on(port)
         else:  # the job is down while the broker is replaced, and starts against the empty one
-            assert reclock_cli("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
+            assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
             assert job.wait(timeout=30) == 0
             first.stop()
             if how == "same-port-at-restart":
@@ -107,7 +109,7 @@ def test_broker_replaced_by_an_empty_one_fails_the_pipeline_naming_the_topic_and
             else:  # the operator points the pipeline at the new broker
                 second = EmbeddedBroker().start()
                 config = _config(tmp_path, name, second.bootstrap)
-                assert reclock_cli("create", str(config), "--replace").returncode == 0
+                assert reclock_in_process("create", str(config), "--replace").returncode == 0
             job = _start_job(lake, name, stderr)
         code = job.wait(timeout=90)
         assert code == 1, f"exit {code}: {stderr.read_text()[-2000:]}"
@@ -115,7 +117,7 @@ def test_broker_replaced_by_an_empty_one_fails_the_pipeline_naming_the_topic_and
         assert TOPIC in last and "Traceback" not in stderr.read_text(), last  # one line naming the topic
         status = _status(lake, name)
         assert status["health"] == "failed" and TOPIC in status["last_error"], status
-        shown = reclock_cli("--lake", str(lake), "status", name)
+        shown = reclock_in_process("--lake", str(lake), "status", name)
         assert "failed" in shown.stdout and TOPIC in shown.stdout
     finally:
         if job is not None and job.poll() is None:

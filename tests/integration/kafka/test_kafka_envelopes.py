@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 import random
 
-import pytest
-
 from reclock.runtime.pipeline import Pipeline
 from tests.integration.kafka.test_kafka_pipeline import _ends, _kafka_source, _rows, _step_until_in
-
-pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 
 def test_upsert_from_keyed_records_and_tombstones_equals_a_dictionary_replay(broker, topic, produce, tmp_path):

@@ -12,14 +12,10 @@ import json
 import subprocess
 import time
 
-import pytest
-
 from reclock.sources.kafka import output_name_for
 from reclock.timeline.frontier import encode_partition
 from tests.integration.cluster import applications, cluster_env, finish, start_on_cluster, tasks_per_worker
 from tests.integration.helpers import assert_rows_exactly_once
-
-pytestmark = [pytest.mark.integration, pytest.mark.kafka, pytest.mark.spark]
 
 
 def test_kafka_runs_on_the_cluster_exactly_once(

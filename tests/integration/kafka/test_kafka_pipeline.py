@@ -39,10 +39,9 @@ from reclock.runtime.settings import Settings
 from reclock.sources.base import ERRORS
 from reclock.sources.kafka import KafkaSource, output_name_for
 from reclock.timeline.frontier import Frontier, decode_partition, encode_partition
-from tests.integration.helpers import reclock_cli, write_config
+from tests.cli import reclock_in_process
+from tests.integration.helpers import write_config
 from tests.integration.kafka.conftest import Producer
-
-pytestmark = [pytest.mark.integration, pytest.mark.kafka]
 
 SCHEMA = {"id": "int64", "topic": "string"}
 
@@ -251,6 +250,7 @@ def _status(lake: Path, name: str) -> dict:
         return {}
 
 
+@pytest.mark.usefixtures("reclock_processes")
 def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_what_is_durable(broker, topic, tmp_path):
     name, lake = "killed", tmp_path / "lake"
     t = topic(partitions=4)
@@ -267,7 +267,7 @@ def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_w
             "read_timeout_s": 5.0,
         },
     )
-    assert reclock_cli("create", str(config)).returncode == 0
+    assert reclock_in_process("create", str(config)).returncode == 0
     feeder = _Feeder(broker.bootstrap, t, partitions=4)
     watch = _GroupWatch(broker.bootstrap, f"reclock-{name}", lake, name, [output, ERRORS])
     feeder.start()
@@ -297,7 +297,7 @@ def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_w
 
         _wait_for(all_in, 60, "the restarted job to catch up")
         time.sleep(0.3)  # a few more observations of the final state
-        assert reclock_cli("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
+        assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
         assert second.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     finally:
         feeder.stop.set()
@@ -417,6 +417,7 @@ def test_topic_created_while_running_joins_with_all_its_records_at_one_into_time
 # -- 5. a broker that stops answering -------------------------------------------------------------
 
 
+@pytest.mark.kafka  # a broker of its own, paused
 def test_paused_broker_stalls_the_pipeline_then_it_recovers_and_loses_and_duplicates_nothing(tmp_path):
     with EmbeddedBroker() as own:
         from kafka import KafkaAdminClient
@@ -547,6 +548,7 @@ def test_sasl_password_from_the_environment_is_in_no_log_status_or_definition(
     assert SECRET not in repr(pipeline.source)
 
 
+@pytest.mark.usefixtures("reclock_processes")  # a job whose logging is configured at its start
 def test_sasl_password_stays_out_of_a_refused_jobs_debug_stderr_and_status(
     broker, topic, produce, tmp_path, monkeypatch
 ):
@@ -557,7 +559,7 @@ def test_sasl_password_stays_out_of_a_refused_jobs_debug_stderr_and_status(
     produce.send(t, [_value(t, 0)])
     name, lake = "refused", tmp_path / "lake"
     config = _secret_config(tmp_path, broker, name, t, "SASL_PLAINTEXT")
-    assert reclock_cli("create", str(config)).returncode == 0
+    assert reclock_in_process("create", str(config)).returncode == 0
     debug_job = (
         "import logging, sys; logging.basicConfig(level=logging.DEBUG); from reclock.cli.main import main; "
         f"sys.exit(main(['--lake', {str(lake)!r}, 'start', {name!r}, '--max-seconds', '5']))"
@@ -576,6 +578,7 @@ def test_sasl_password_stays_out_of_a_refused_jobs_debug_stderr_and_status(
 # -- 8. the demo ----------------------------------------------------------------------------------
 
 
+@pytest.mark.kafka  # the demo's embedded broker
 def test_demo_streams_the_generator_through_kafka_into_every_output_exactly_once(tmp_path):
     from reclock.demo.run import run_demo
     from tests.integration.helpers import expected_generator_offsets

@@ -9,8 +9,9 @@ Ground truth is what the producer got acked; the lake is read with the test's ow
 from __future__ import annotations
 
 from reclock.timeline.frontier import encode_partition
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, read_rows
-from tests.integration.helpers import reclock_cli, write_config
+from tests.integration.helpers import write_config
 
 
 def _config(path, bootstrap: str, topic: str, **extra):
@@ -37,8 +38,8 @@ def test_failed_kafka_records_are_fetched_again_and_land_once_with_their_keys(br
     acked = produce.send(t, values, keys=keys, partition=lambda i: i % 2)
     lake = tmp_path / "lake"
     config = _config(tmp_path / "p.toml", broker.bootstrap, t)
-    assert reclock_cli("create", str(config)).returncode == 0
-    done = reclock_cli("--lake", str(lake), "start", "csvs", "--max-seconds", "8")
+    assert reclock_in_process("create", str(config)).returncode == 0
+    done = reclock_in_process("--lake", str(lake), "start", "csvs", "--max-seconds", "8")
     assert done.returncode == 0, done.stderr[-2000:]
     out = lake / "csvs" / "outputs"
     bad = {(encode_partition((tt, p)), o): i for i, (tt, p, o) in enumerate(acked) if i % 3 == 0}
@@ -46,8 +47,8 @@ def test_failed_kafka_records_are_fetched_again_and_land_once_with_their_keys(br
     assert {(e["_partition"], e["_offset"]) for e in errors} == set(bad)
 
     fixed = _config(tmp_path / "p.toml", broker.bootstrap, t, delimiter=";")
-    assert reclock_cli("create", str(fixed), "--replace").returncode == 0
-    again = reclock_cli("--lake", str(lake), "redrive", "csvs")
+    assert reclock_in_process("create", str(fixed), "--replace").returncode == 0
+    again = reclock_in_process("--lake", str(lake), "redrive", "csvs")
     assert again.returncode == 0 and f"landed {len(bad)} into " in again.stdout, again.stdout + again.stderr
     rows = read_rows(DeltaLog(out / t.replace("-", "_")).refresh()).to_pylist()
     by_coordinate = {(r["_partition"], r["_offset"]): r for r in rows}
@@ -55,6 +56,6 @@ def test_failed_kafka_records_are_fetched_again_and_land_once_with_their_keys(br
     for coordinate, i in bad.items():
         row = by_coordinate[coordinate]
         assert (row["id"], row["name"], row["kafka_key"]) == (i, f"n{i}", f"k{i}")
-    twice = reclock_cli("--lake", str(lake), "redrive", "csvs")
+    twice = reclock_in_process("--lake", str(lake), "redrive", "csvs")
     assert twice.returncode == 0 and f"landed before {len(bad)}" in twice.stdout
     assert read_rows(DeltaLog(out / t.replace("-", "_")).refresh()).num_rows == 30

@@ -20,12 +20,13 @@ import pytest
 from reclock.sources.base import ERRORS
 from reclock.sources.kafka import output_name_for
 from reclock.timeline.frontier import Frontier, encode_partition
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
-from tests.integration.helpers import reclock_cli, write_config
+from tests.integration.helpers import write_config
 from tests.integration.kafka.test_kafka_pipeline import SCHEMA, _ends, _Feeder
 from tests.integration.s3 import S3Server, mirror
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka]
+pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 
 
 def _status(server: S3Server, bucket: str, key: str) -> dict:
@@ -64,7 +65,7 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
             "read_timeout_s": 5.0,
         },
     )
-    created = reclock_cli("create", str(config), env=env)
+    created = reclock_in_process("create", str(config), env=env)
     assert created.returncode == 0, created.stderr
     feeder = _Feeder(broker.bootstrap, t, partitions=3)
     feeder.start()
@@ -100,7 +101,7 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
             return all(resume.covers(p, end - 1) for p, end in ends.items())
 
         _wait_for(all_in, 90, "the restarted job to catch up")
-        stopped = reclock_cli("--lake", lake_uri, "stop", name, "--wait", "30", env=env)
+        stopped = reclock_in_process("--lake", lake_uri, "stop", name, "--wait", "30", env=env)
         assert stopped.returncode == 0, stopped.stderr
         assert second.wait(timeout=60) == 0, (tmp_path / "job.stderr").read_text()[-3000:]
     finally:

@@ -17,8 +17,6 @@ from reclock.runtime.pipeline import Pipeline
 from reclock.sources.kafka import KafkaSource, output_name_for
 from tests.delta_log import replay
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka]
-
 V1 = {"type": "record", "name": "bid", "fields": [{"name": "id", "type": "long"}]}
 V2 = {
     "type": "record",

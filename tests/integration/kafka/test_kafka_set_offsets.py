@@ -14,12 +14,13 @@ from collections import Counter
 from kafka import KafkaConsumer, TopicPartition
 
 from reclock.timeline.frontier import encode_partition
+from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, read_rows
-from tests.integration.helpers import reclock_cli, write_config
+from tests.integration.helpers import write_config
 
 
 def _offsets(lake, name: str) -> dict[str, dict]:
-    shown = reclock_cli("--lake", str(lake), "offsets", name, "--json")
+    shown = reclock_in_process("--lake", str(lake), "offsets", name, "--json")
     assert shown.returncode == 0, shown.stderr
     return {row["partition"]: row for row in json.loads(shown.stdout)}
 
@@ -41,23 +42,23 @@ def test_skip_ahead_and_re_read_of_a_kafka_partition_each_land_exactly_once(brok
             "group_id": group,
         },
     )
-    assert reclock_cli("create", str(config)).returncode == 0
-    assert reclock_cli("--lake", str(lake), "start", "moves", "--max-seconds", "6").returncode == 0
+    assert reclock_in_process("create", str(config)).returncode == 0
+    assert reclock_in_process("--lake", str(lake), "start", "moves", "--max-seconds", "6").returncode == 0
     live = encode_partition((t, 0))
     assert _offsets(lake, "moves")[live]["loaded"] == 40
 
     # Skip ahead: 40..49 are never loaded on the live partition. Then a re-read from 10 reads
     # everything now bound again, [10, 50), as generation 1: the skipped range too, as asked.
     produce.send(t, [json.dumps({"id": i}).encode() for i in range(40, 60)])
-    skip = reclock_cli("--lake", str(lake), "set-offsets", "moves", live, "50")
+    skip = reclock_in_process("--lake", str(lake), "set-offsets", "moves", live, "50")
     assert skip.returncode == 0 and "skips offsets [40, 50)" in skip.stdout, skip.stdout + skip.stderr
-    again = reclock_cli("--lake", str(lake), "set-offsets", "moves", live, "10")
+    again = reclock_in_process("--lake", str(lake), "set-offsets", "moves", live, "10")
     copy = encode_partition((t, 0, "@reread-1"))
     assert again.returncode == 0 and f"re-reads offsets [10, 50) as partition {copy}" in again.stdout, again.stderr
-    low = reclock_cli("--lake", str(lake), "set-offsets", "moves", copy, "3")
+    low = reclock_in_process("--lake", str(lake), "set-offsets", "moves", copy, "3")
     assert low.returncode == 2 and "is a re-read" in low.stderr
 
-    assert reclock_cli("--lake", str(lake), "start", "moves", "--max-seconds", "6").returncode == 0
+    assert reclock_in_process("--lake", str(lake), "start", "moves", "--max-seconds", "6").returncode == 0
     rows = read_rows(DeltaLog(lake / "moves" / "outputs" / t.replace("-", "_")).refresh()).to_pylist()
     landed = Counter((r["_partition"], r["_offset"], r["id"]) for r in rows)
     expected = Counter({(live, o, o): 1 for o in [*range(40), *range(50, 60)]})

@@ -24,8 +24,6 @@ from reclock.sources.kafka.fetcher import Fetcher, lease
 from reclock.sources.kafka.reader import read_splits
 from reclock.timeline.frontier import Frontier, encode_partition
 
-pytestmark = [pytest.mark.integration, pytest.mark.kafka]
-
 SCHEMA = pa.schema([("id", pa.int64())])
 
 
@@ -447,6 +445,7 @@ def test_deleted_topic_is_a_definite_error(broker, topic, produce, admin):
 # -- a broker that stops answering ----------------------------------------------------------------
 
 
+@pytest.mark.kafka  # a broker of its own, paused
 def test_paused_broker_makes_read_and_upper_time_out_with_a_retryable_error():
     with EmbeddedBroker() as own:
         from kafka import KafkaProducer
@@ -544,6 +543,7 @@ def test_outputs_route_topics_by_name_and_pattern():
 # -- the embedded broker --------------------------------------------------------------------------
 
 
+@pytest.mark.kafka  # a broker of its own, that cannot start
 def test_broker_that_cannot_start_fails_fast_with_its_log_tail():
     import socket
 

@@ -137,6 +137,7 @@ def test_the_cross_pipeline_cut_is_consistent_at_every_label_time(tmp_path, brok
             assert got == expected, (label, output)
 
 
+@pytest.mark.kafka  # the demo's embedded broker
 def test_the_demo_of_three_pipelines_ends_with_one_cut_holding_every_record(tmp_path):
     from reclock.demo.run import run_demo
     from reclock.demo.timeline import PIPELINES
