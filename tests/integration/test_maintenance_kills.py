@@ -94,18 +94,15 @@ def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]]) -> 
 
 
 def _kill_at_the_first_output_commit(lake: Path, rows: dict[str, list[tuple]]) -> int:
-    """Run ``optimize`` and SIGKILL it the moment an output's log gains its first commit: between
-    two of its commits, which the 0.1 s steps of :func:`_kill_until_done` can step over when every
-    commit lands within one step. The rows must be exactly ``rows``; returns the live output files."""
-    logs = [Lake.at(lake).output_path("m", output) / "_delta_log" for output in Lake.at(lake).outputs("m")]
-
-    def versions() -> int:  # the newest version of each log, summed: log cleanups only remove older ones
-        return sum(max((int(e.stem) for e in log.glob("*.json") if e.stem.isdigit()), default=-1) for log in logs)
-
-    before = versions()
+    """Run ``optimize`` and SIGKILL it the moment an output's live files first change: between two
+    of its commits, which the steps of :func:`_kill_until_done` can step over when every commit
+    lands within one step. (A new log version alone is not that moment: an output with nothing to
+    merge commits without changing a file.) The rows must be exactly ``rows``; returns the live
+    output files."""
+    before = _files(lake)
     process = _popen(lake, "optimize", "m")
     deadline = time.monotonic() + 120
-    while versions() == before and process.poll() is None and time.monotonic() < deadline:
+    while _files(lake) == before and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.001)
     _kill(process)
     assert _rows(lake) == rows, "an optimize killed after its first output commit changed rows"
