@@ -41,10 +41,11 @@ from reclock.runtime.maintenance import MaintenanceReport
 from reclock.runtime.maintenance import maintain as run_maintenance
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
+from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output, Source
 from reclock.sources.files import FilesSource
-from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
+from reclock.timeline.frontier import Frontier, IntoTime, Partition, encode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "request_stop", "run"]
@@ -67,11 +68,12 @@ def create(
     command line's, which win); neither is stored in the definition (see :func:`lake_of`).
     """
     source = build_source(config, created_at_ms=now(), file=file)
-    try:
-        check_windows(config.windows, [*source.outputs(), Output(ERRORS, ERRORS_SCHEMA)])
+    check_shapes(config, source, file=file)
+    try:  # a window may read a shaped output: checked against the outputs as routed
+        routed, _ = route_outputs({o.name: o for o in source.outputs()}, config.shapes)
+        check_windows(config.windows, [*routed.values(), Output(ERRORS, ERRORS_SCHEMA)])
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
-    check_shapes(config, source, file=file)
     check_layouts(source, config.layouts, file=file)
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
@@ -201,20 +203,27 @@ def run(
     progress: TextIO | None = None,
     max_seconds: float | None = None,
     metrics_host: str | None = None,
+    until: IntoTime | None = None,
 ) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
 
-    ``metrics_host`` overrides the definition's ``metrics_host`` for this run. Every line the job
-    logs on this thread names the pipeline (:mod:`reclock.runtime.logs`).
+    ``metrics_host`` overrides the definition's ``metrics_host`` for this run. With ``until``
+    the run also stops once every output holds that binding (``reclock redrive`` lands its
+    request so). Every line the job logs on this thread names the pipeline (:mod:`reclock.runtime.logs`).
     """
     with logs.pipeline_scope(name):
-        pipeline = _run(lake, name, progress, max_seconds, metrics_host)
+        pipeline = _run(lake, name, progress, max_seconds, metrics_host, until)
         log.info("job ended: %s, %s", pipeline.health.value, "finished" if pipeline.finished else "not finished")
         return pipeline
 
 
 def _run(
-    lake: Lake, name: str, progress: TextIO | None, max_seconds: float | None, metrics_host: str | None
+    lake: Lake,
+    name: str,
+    progress: TextIO | None,
+    max_seconds: float | None,
+    metrics_host: str | None,
+    until: IntoTime | None,
 ) -> Pipeline:
     config, created_at = load(lake, name)
     if metrics_host is not None:
@@ -222,7 +231,7 @@ def _run(
     lease = exclusive(lake, name, config.lease_ttl_s)
     try:
         attach(lake, name)
-        return _run_leased(lake, name, config, created_at, lease, progress, max_seconds)
+        return _run_leased(lake, name, config, created_at, lease, progress, max_seconds, until)
     finally:
         lease.release()
 
@@ -235,6 +244,7 @@ def _run_leased(
     lease: Lease,
     progress: TextIO | None,
     max_seconds: float | None,
+    until: IntoTime | None = None,
 ) -> Pipeline:
     """The job under the pipeline's lease: it checks it before every durable write, so a job that
     lost it stops before its next commit, as failed, and writes no status over its successor's."""
@@ -301,7 +311,11 @@ def _run_leased(
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
         last_health[0] = pipeline.health
+        if until is not None and pipeline.resume_upper > until:
+            stop.set()
 
+    if until is not None and pipeline.resume_upper > until:
+        stop.set()
     try:
         pipeline.run(
             stop,

@@ -7,6 +7,7 @@ splits failed, so retries and skips see exactly which ranges.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -16,7 +17,7 @@ from reclock.runtime.maintenance import MaintenanceReport
 from reclock.runtime.task import SplitResult
 from reclock.timeline.frontier import Frontier, IntoTime
 
-__all__ = ["BatchFailed", "BatchReport", "BatchState"]
+__all__ = ["BatchFailed", "BatchReport", "BatchState", "ms_since"]
 
 
 class BatchState(StrEnum):
@@ -63,3 +64,9 @@ class BatchFailed(ReclockError):
             f"batch {report.binding_ts}: {len(failed)} of {len(report.results)} splits failed; first: partition "
             f"{first.partition} offsets [{first.split.start}, {first.split.end}): {first.error}"
         )
+
+
+def ms_since(clock: float) -> tuple[int, float]:
+    """Whole milliseconds since ``clock`` (a ``time.monotonic()``), and the clock now."""
+    now = time.monotonic()
+    return int((now - clock) * 1000), now

@@ -36,6 +36,7 @@ from reclock.persist.evolution import evolve
 from reclock.persist.layout import OutputLayout
 from reclock.persist.sink import DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
+from reclock.runtime.redrives import RedriveSplit, redriven_routes, refusal_rows
 from reclock.runtime.rows import output_rows, split_null_keys, unwrap
 from reclock.runtime.shaping import Route, shape_batch
 from reclock.sources.base import ERRORS, Source, Split
@@ -94,17 +95,22 @@ class SplitResult:
 def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
     """One task's splits: as one stream if the source reads groups (``read_group``), else split
     by split. A group that fails is read again split by split, so the results name exactly the
-    splits that fail (the pipeline may skip those ranges, and must not skip the others)."""
+    splits that fail (the pipeline may skip those ranges, and must not skip the others).
+    Redriven ranges (:class:`~reclock.runtime.redrives.RedriveSplit`) are read one by one."""
+    again = [split for split in splits if isinstance(split, RedriveSplit)]
+    splits = [split for split in splits if not isinstance(split, RedriveSplit)]
     read_group = getattr(plan.source, "read_group", None)
     if read_group is not None and len(splits) > 1:
         results = run_group(plan, splits, read_group)
         if results is not None:
-            return results
-    return [run_split(plan, split) for split in splits]
+            return results + [run_split(plan, split) for split in again]
+    return [run_split(plan, split) for split in [*splits, *again]]
 
 
 def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
+    if isinstance(split, RedriveSplit):
+        return _run_redrive(plan, split)
     started = time.time()
     task = _Task(plan)
     stats = {"rows": 0, "filtered": 0, "bytes_read": 0, "earliest": None, "latest": None}
@@ -118,6 +124,47 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
                 stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
                 stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
             stats["rows"] += sum(t.num_rows for t in task.land(output, batch, partition, f"split {split!r}"))
+        files = task.finish()
+        stats["filtered"] = sum(t.num_rows for t in task.filtered)
+    except Exception as exc:
+        task.discard()
+        return _failed(split, started, exc)
+    return SplitResult(
+        split, files, started_ms=int(started * 1000), duration_ms=int((time.time() - started) * 1000), **stats
+    )
+
+
+def _run_redrive(plan: BatchPlan, split: RedriveSplit) -> SplitResult:
+    """Read a redriven range again and land its redriven records (see :mod:`reclock.runtime.redrives`).
+
+    The range is read whole before anything lands, so a source that cannot read it any more (a
+    deleted file, offsets lost to retention) gives each record an ``_errors`` row saying so
+    instead of failing the batch forever: a redrive must never wedge the pipeline it runs in.
+    Transient trouble and broken contracts still fail the split, to be retried or reported.
+    """
+    started = time.time()
+    task = _Task(plan)
+    stats = {"rows": 0, "filtered": 0, "bytes_read": 0, "earliest": None, "latest": None}
+    try:
+        try:
+            batches = [
+                (output, kept)
+                for output, batch in plan.source.read(split.split)
+                if (kept := split.kept(batch)).num_rows
+            ]
+        except Exception as exc:
+            if classify(exc) not in (ErrorKind.DATA, ErrorKind.DEFINITE):
+                raise
+            batches = [(ERRORS, split.unreadable(describe(exc)))]
+        partition = encode_partition(split.partition)
+        for output, batch in batches:
+            stats["bytes_read"] += batch.nbytes
+            offsets = batch.column(OFFSET)
+            lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+            stats["earliest"] = lo if stats["earliest"] is None else min(stats["earliest"], lo)
+            stats["latest"] = hi if stats["latest"] is None else max(stats["latest"], hi)
+            landed = task.land(output, batch, partition, f"redrive {split!r}", redrive=split)
+            stats["rows"] += sum(t.num_rows for t in landed)
         files = task.finish()
         stats["filtered"] = sum(t.num_rows for t in task.filtered)
     except Exception as exc:
@@ -182,17 +229,37 @@ class _Task:
         self.files: list[DataFile] = []
         self.filtered: list[pa.Table] = []
 
-    def land(self, output: str, batch: pa.RecordBatch, partition: str | None, where: str) -> list[pa.Table]:
+    def land(
+        self,
+        output: str,
+        batch: pa.RecordBatch,
+        partition: str | None,
+        where: str,
+        *,
+        redrive: RedriveSplit | None = None,
+    ) -> list[pa.Table]:
         """Stamp ``batch`` and land it in every output its routes name; the rows added, per table.
-        ``partition`` is the partition every row should have, if the reader covers one."""
+        ``partition`` is the partition every row should have, if the reader covers one. Records
+        of a ``redrive`` are stamped with its binding time and land only in the outputs they
+        failed for (:func:`~reclock.runtime.redrives.redriven_routes`)."""
         plan = self.plan
         if output not in plan.schemas:
             raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
-        into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
-        if len(into) and (into == UNBOUND).any():
-            raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
         landed: list[pa.Table] = []
-        for route in plan.routes.get(output, (Route(output),)):
+        if redrive is None:
+            into = plan.stamper.into_times(batch.column(PARTITION), batch.column(OFFSET), partition=partition)
+            if len(into) and (into == UNBOUND).any():
+                raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
+            routes = list(plan.routes.get(output, (Route(output),)))
+        else:
+            into = np.full(batch.num_rows, redrive.into, dtype=np.int64)
+            routes = [Route(ERRORS)]
+            if output != ERRORS:
+                routes, refused = redriven_routes(output, plan.routes, plan.envelopes, redrive.outputs)
+                refusals = refusal_rows(batch, refused)
+                if refusals is not None:
+                    landed += self._as_read(ERRORS, refusals, np.full(refusals.num_rows, redrive.into, dtype=np.int64))
+        for route in routes:
             landed += self._shaped(route, batch, into) if route.shape else self._as_read(route.output, batch, into)
         return landed
 

@@ -1,15 +1,19 @@
 """``reclock redrive``: records in ``_errors`` land once the definition is fixed, exactly once.
 
 A CSV file written with ``;`` is read with the default ``,``: every line fails to split into the
-declared columns and lands in ``_errors``. After ``create --replace`` with ``csv_delimiter = ";"``
-a redrive lands them, each once, at their original into time; a second redrive lands nothing.
-The lake is read back with the test's own Delta-log reader against the lines the test wrote.
+declared columns and lands in ``_errors``. A redrive before the fix fails them again (a new
+``_errors`` row each, at the redrive's into time). After ``create --replace`` with
+``csv_delimiter = ";"`` a redrive lands them, each once, at a new into time with their own
+coordinates, so a read as of any earlier time is unchanged; a second redrive lands nothing. The
+lake is read back with the test's own Delta-log reader against the lines the test wrote.
 """
 
 from __future__ import annotations
 
+import contextlib
+
 from reclock.cli.main import main
-from tests.faults.reader import DeltaLog, read_rows
+from tests.faults.reader import DeltaLog, Remap, label_of, read_rows
 
 CONFIG = """
 [pipeline]
@@ -26,11 +30,11 @@ columns = {{id = "int64", name = "string"}}
 """
 
 
-def _rows(lake, output):
-    return read_rows(DeltaLog(lake / "people" / "outputs" / output).refresh()).to_pylist()
+def _rows(lake, output, pipeline="people"):
+    return read_rows(DeltaLog(lake / pipeline / "outputs" / output).refresh()).to_pylist()
 
 
-def test_failed_records_land_once_after_the_fix_at_their_own_into_time(tmp_path, capsys, monkeypatch):
+def test_failed_records_land_once_after_the_fix_at_a_new_into_time_and_past_reads_stay(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "good.csv").write_text("id,name\n1,ann\n2,bob\n")
@@ -41,12 +45,16 @@ def test_failed_records_land_once_after_the_fix_at_their_own_into_time(tmp_path,
     lake = tmp_path / "lake"
     errors = [r for r in _rows(lake, "_errors") if r["kind"] != "skipped"]
     assert len(errors) == 3 and {r["_partition"] for r in errors} == {'["semi.csv",0]'}
-    assert sorted(r["id"] for r in _rows(lake, "rows")) == [1, 2]
+    before = _rows(lake, "rows")
+    assert sorted(r["id"] for r in before) == [1, 2]
 
     capsys.readouterr()
     assert main(["--lake", "lake", "redrive", "people"]) == 0  # nothing fixed yet: nothing lands
     assert "landed nothing; still failing 3" in capsys.readouterr().out
     assert sorted(r["id"] for r in _rows(lake, "rows")) == [1, 2]
+    again = [r for r in _rows(lake, "_errors") if r["kind"] != "skipped"]
+    assert len(again) == 6  # each attempt leaves its trace: the first rows stay, one more each
+    assert {(r["_partition"], r["_offset"]) for r in again} == {(e["_partition"], e["_offset"]) for e in errors}
 
     (tmp_path / "p.toml").write_text(CONFIG.format(extra='csv_delimiter = ";"'))
     assert main(["create", "p.toml", "--replace"]) == 0
@@ -55,10 +63,186 @@ def test_failed_records_land_once_after_the_fix_at_their_own_into_time(tmp_path,
     assert "landed 3 into rows; still failing 0, landed before 0" in capsys.readouterr().out
     rows = _rows(lake, "rows")
     assert sorted((r["id"], r["name"]) for r in rows) == [(1, "ann"), (2, "bob"), (3, "cy"), (4, "dee"), (5, "eve")]
-    stamped = {(r["_partition"], r["_offset"]): r["_into_ts"] for r in rows}
-    for e in errors:  # each re-driven record sits where its offset was bound: its errors row's time
-        assert stamped[(e["_partition"], e["_offset"])] == e["_into_ts"]
+    remap = Remap.read(lake / "people" / "remap")
+    redriven = [r for r in rows if r["id"] >= 3]
+    newest_before = max(r["_into_ts"] for r in before + again)
+    for r in redriven:  # its own coordinates, at the into time of the redrive that landed it
+        assert (r["_partition"], r["_offset"]) in {(e["_partition"], e["_offset"]) for e in errors}
+        assert r["_into_ts"] == remap.redriven_at(r["_partition"], r["_offset"])[-1] > newest_before
+        assert r["_into_ts"] in remap.times  # a binding of its own, minted for the redrive
+    # Stable past: as of any time before the redrive, the output reads exactly as it did.
+    assert sorted(map(str, (r for r in rows if r["_into_ts"] <= newest_before))) == sorted(map(str, before))
 
     assert main(["--lake", "lake", "redrive", "people"]) == 0
     assert "landed nothing; still failing 0, landed before 3" in capsys.readouterr().out
     assert len(_rows(lake, "rows")) == 5  # exactly once
+
+
+ROUTED = """
+[pipeline]
+name = "fractions"
+lake = "lake"
+engine = "local"
+batch_interval = 0.05
+idle_interval = 0.1
+
+[source]
+kind = "files"
+path = "in"
+format = "csv"
+columns = {{num = "int64", den = "int64"}}
+
+[outputs.ratio]
+from = "rows"
+sql = "SELECT num, {expression} AS r FROM input WHERE num >= 0"
+
+[[windows]]
+name = "per_num"
+output = "ratio"
+size_ms = 100
+group_by = ["num"]
+[windows.aggregates]
+n = "count(*)"
+"""
+BROKEN, FIXED = "num / den", "num / NULLIF(den, 0)"
+
+
+def _fractions(tmp_path, monkeypatch) -> dict[tuple[str, int], tuple[int, int]]:
+    """A files pipeline whose routed, windowed output ``ratio`` divides by a column that is zero on
+    some lines (``rows`` lands every line as read); ground truth ``(file, offset) -> (num, den)``."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    truth = {}
+    for f in range(2):
+        text = "num,den\n"
+        for i in range(40):
+            num, den = i % 9 - 2, i % 5
+            truth[(f'["f{f}.csv",0]', len(text.encode()))] = (num, den)
+            text += f"{num},{den}\n"
+        (tmp_path / "in" / f"f{f}.csv").write_text(text)
+    (tmp_path / "p.toml").write_text(ROUTED.format(expression=BROKEN))
+    assert main(["create", "p.toml"]) == 0
+    assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "2"]) == 0
+    return truth
+
+
+def _window_rows(lake) -> list[dict]:
+    table = read_rows(DeltaLog(lake / "fractions" / "windows" / "per_num").refresh())
+    return sorted(table.to_pylist(), key=lambda r: (r["_window_start"], r["num"])) if table is not None else []
+
+
+def test_a_routed_record_lands_only_in_the_output_it_failed_for_and_emitted_windows_never_change(
+    tmp_path, capsys, monkeypatch
+):
+    truth = _fractions(tmp_path, monkeypatch)
+    lake = tmp_path / "lake"
+    bad = {k for k, (num, den) in truth.items() if num >= 0 and den == 0}
+    errors = _rows(lake, "_errors", "fractions")
+    assert {(r["_partition"], r["_offset"]) for r in errors} == bad and {r["kind"] for r in errors} == {"transform"}
+    assert len(_rows(lake, "rows", "fractions")) == len(truth)  # the as-read route took every line, the bad ones too
+    windows_before = _window_rows(lake)
+    assert windows_before  # windows were emitted before the redrive
+
+    (tmp_path / "p.toml").write_text(ROUTED.format(expression=FIXED))
+    assert main(["create", "p.toml", "--replace"]) == 0
+    capsys.readouterr()
+    assert main(["--lake", "lake", "redrive", "fractions"]) == 0
+    assert f"landed {len(bad)} into ratio; still failing 0" in capsys.readouterr().out  # not into rows
+    assert len(_rows(lake, "rows", "fractions")) == len(truth)
+    ratio = _rows(lake, "ratio", "fractions")
+    by_coordinate = {(r["_partition"], r["_offset"]): r for r in ratio}
+    assert len(by_coordinate) == len(ratio)  # each record once
+    assert by_coordinate.keys() == {k for k, (num, _) in truth.items() if num >= 0}
+    assert all(by_coordinate[k]["r"] is None and by_coordinate[k]["num"] == truth[k][0] for k in bad)
+    redriven = {by_coordinate[k]["_into_ts"] for k in bad}
+    assert len(redriven) == 1 and min(redriven) > max(r["_window_end"] for r in windows_before)
+
+    assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0  # closes the next windows
+    windows = _window_rows(lake)
+    assert windows[: len(windows_before)] == windows_before  # an emitted window never changes
+    assert sum(r["n"] for r in windows) == len(ratio)  # every row, the redriven too, in exactly one window
+    [late] = [r for r in windows if r["_window_start"] <= min(redriven) < r["_window_end"]][:1] or [None]
+    assert late is not None and late not in windows_before
+
+
+def test_a_redrive_killed_after_its_request_is_landed_by_the_next_start_once(tmp_path, capsys, monkeypatch):
+    from reclock.job import lifecycle
+
+    truth = _fractions(tmp_path, monkeypatch)
+    lake = tmp_path / "lake"
+    bad = {k for k, (num, den) in truth.items() if num >= 0 and den == 0}
+    (tmp_path / "p.toml").write_text(ROUTED.format(expression=FIXED))
+    assert main(["create", "p.toml", "--replace"]) == 0
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the process dies right after the request's commit
+
+    with monkeypatch.context() as patch:
+        patch.setattr(lifecycle, "run", killed)
+        with contextlib.suppress(KeyboardInterrupt):
+            main(["--lake", "lake", "redrive", "fractions"])
+    assert len(_rows(lake, "ratio", "fractions")) == len(truth) - len(bad) - sum(1 for n, _ in truth.values() if n < 0)
+    assert len(Remap.read(lake / "fractions" / "remap").redrives) > 0  # durable, not landed yet
+
+    assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0  # lands it
+    capsys.readouterr()
+    assert main(["--lake", "lake", "redrive", "fractions"]) == 0  # nothing is due twice
+    assert f"landed nothing; still failing 0, landed before {len(bad)}" in capsys.readouterr().out
+    ratio = _rows(lake, "ratio", "fractions")
+    assert len({(r["_partition"], r["_offset"]) for r in ratio}) == len(ratio) == sum(n >= 0 for n, _ in truth.values())
+
+
+def test_a_redrive_killed_between_two_outputs_commits_lands_each_record_once(tmp_path, capsys, monkeypatch):
+    from reclock.persist.sink import OutputSink
+
+    truth = _fractions(tmp_path, monkeypatch)
+    lake = tmp_path / "lake"
+    bad = {k for k, (num, den) in truth.items() if num >= 0 and den == 0}
+    (tmp_path / "p.toml").write_text(ROUTED.format(expression=FIXED))
+    assert main(["create", "p.toml", "--replace"]) == 0
+    commit = OutputSink.commit
+    redrive_at: list[int] = []
+
+    def dies_after_one_output(self, files, binding_ts, **kwargs):
+        redrive_at[:] = redrive_at or [r["into_ts"] for r in Remap.read(lake / "fractions" / "remap").redrives]
+        done = commit(self, files, binding_ts, **kwargs)
+        if binding_ts == redrive_at[0]:
+            raise KeyboardInterrupt  # dead between this output's commit and the next one's
+        return done
+
+    with monkeypatch.context() as patch:
+        patch.setattr(OutputSink, "commit", dies_after_one_output)
+        with contextlib.suppress(KeyboardInterrupt):
+            main(["--lake", "lake", "redrive", "fractions"])
+    labels = {
+        o: label_of(DeltaLog(lake / "fractions" / "outputs" / o).refresh(), f"reclock/fractions/{o}")
+        for o in ("rows", "ratio", "_errors")
+    }
+    assert max(labels.values()) == redrive_at[0] and min(labels.values()) < redrive_at[0]  # half landed
+
+    assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0
+    ratio = _rows(lake, "ratio", "fractions")
+    assert len({(r["_partition"], r["_offset"]) for r in ratio}) == len(ratio) == sum(n >= 0 for n, _ in truth.values())
+    assert sum(r["_into_ts"] == redrive_at[0] for r in ratio) == len(bad)
+    assert len(_rows(lake, "rows", "fractions")) == len(truth)
+
+
+def test_records_the_source_cannot_read_again_are_traced_and_do_not_wedge_the_pipeline(tmp_path, capsys, monkeypatch):
+    truth = _fractions(tmp_path, monkeypatch)
+    lake = tmp_path / "lake"
+    bad = {k for k, (num, den) in truth.items() if num >= 0 and den == 0}
+    (tmp_path / "in" / "f1.csv").unlink()  # archived after it was loaded
+    (tmp_path / "p.toml").write_text(ROUTED.format(expression=FIXED))
+    assert main(["create", "p.toml", "--replace"]) == 0
+    capsys.readouterr()
+    assert main(["--lake", "lake", "redrive", "fractions"]) == 0
+    gone = {k for k in bad if k[0] == '["f1.csv",0]'}
+    assert (
+        f"landed {len(bad) - len(gone)} into ratio; still failing 0, landed before 0, gone from the source {len(gone)}"
+        in (capsys.readouterr().out)
+    )
+    traces = [r for r in _rows(lake, "_errors", "fractions") if r["kind"] == "unreadable"]
+    assert {(r["_partition"], r["_offset"]) for r in traces} == gone and len(traces) == len(gone)
+    assert main(["--lake", "lake", "redrive", "fractions"]) == 0  # not due again: nothing to read
+    assert "landed nothing" in capsys.readouterr().out
+    assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0  # not wedged
