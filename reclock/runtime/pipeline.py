@@ -56,7 +56,7 @@ from reclock.runtime.outputs import outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane
 from reclock.runtime.planning import in_split_order, plan_batch, without_skips
 from reclock.runtime.redrives import redrive_splits
-from reclock.runtime.reports import BatchFailed, BatchReport, BatchState, ms_since
+from reclock.runtime.reports import FILTERED, BatchFailed, BatchReport, BatchState, filtered_json, ms_since
 from reclock.runtime.rows import output_rows
 from reclock.runtime.settings import Maintenance, Settings
 from reclock.runtime.shaping import Shape, route_outputs
@@ -420,10 +420,11 @@ class Pipeline:
             report.state = BatchState.FAILED
             report.error = str(exc)
             raise
+        metadata = {FILTERED: filtered_json(results)}
         for name, sink in self.sinks.items():
             if sink.upper <= hi:
                 self._fence()
-                sink.commit(by_output[name], hi, planned_upper=plan.uppers[name])
+                sink.commit(by_output[name], hi, planned_upper=plan.uppers[name], metadata=metadata)
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())

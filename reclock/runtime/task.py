@@ -264,7 +264,15 @@ class _Task:
         return landed
 
     def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
-        shaped, rejected, filtered = shape_batch(route, batch, into, self.plan.uppers, self.plan.schemas)
+        """Rows of ``route`` its output and ``_errors`` lack. Every row of the batch is evaluated
+        and its filtering counted, even for outputs that hold it already (a batch replayed after
+        a crash between two outputs' commits): a batch's ``filtered`` is then the same on every
+        attempt, whichever attempt's status row survives (:mod:`reclock.job.status_restore`)."""
+        plan = self.plan
+        floor = min(plan.uppers.values())
+        shaped, rejected, filtered = shape_batch(route, batch, into, {route.output: floor, ERRORS: floor}, plan.schemas)
+        shaped = shaped.filter(pc.greater_equal(shaped.column(INTO_TS), plan.uppers[route.output]))
+        rejected = rejected.filter(pc.greater_equal(rejected.column(INTO_TS), plan.uppers[ERRORS]))
         self.filtered.append(filtered)
         for name, part in ((route.output, shaped), (ERRORS, rejected)):
             if part.num_rows:
