@@ -46,6 +46,7 @@ from reclock.persist.lake import Lake, sink_id
 from reclock.persist.lease import LeaseHeld
 from reclock.persist.read import read_table
 from reclock.persist.remap import Redrive, RemapTable
+from reclock.runtime.health import Health
 from reclock.runtime.redrives import NOT_REDRIVEN, UNREADABLE
 from reclock.runtime.shaping import TRANSFORM_ERROR
 from reclock.sources.base import ERRORS
@@ -113,8 +114,10 @@ def redrive(lake: Lake, name: str, *, now: Callable[[], int] = wall_clock_ms) ->
     except LeaseHeld:  # a job started meanwhile: it lands the request
         report.pending = True
         return report
+    if pipeline.health is Health.FAILED:
+        raise ReclockError(f"pipeline {name!r} failed while landing the redrive: {pipeline.last_error}")
     if pipeline.resume_upper <= times[-1]:
-        report.pending = True  # stopped before it landed (a signal, a failure): the next start lands it
+        report.pending = True  # stopped before it landed (a signal): the next start lands it
         return report
     _landed(lake, name, times, [r for r in remap.redrives if r.binding_ts in times], report)
     return report

@@ -142,10 +142,11 @@ class Remap:
     Rows are ``(into_ts, partition, offset, closed, skip_start, note)``; a row with ``skip_start``
     set records a skipped range, not a binding, or, when its note begins ``redrive``, records
     ``[skip_start, offset)`` that land again at ``into_ts`` (a redrive of ``_errors``; the note
-    names the outputs after a space, comma-separated, or none for all). Partitions stay as the encoded strings the output
-    rows carry in ``_partition``, so no decoding is involved in the comparison. Rows noted
-    ``compacted`` are the binding at the table's ``since`` that merged every earlier one: a record
-    it covers was stamped at ``since`` or before, which :meth:`stamp_holds` accepts.
+    names the outputs after a space, comma-separated, or none for all). Partitions stay as the
+    encoded strings the output rows carry in ``_partition``, so no decoding is involved in the
+    comparison. Rows noted ``compacted`` are the binding at the table's ``since`` that merged
+    every earlier one: a record it covers was stamped at ``since`` or before, which
+    :meth:`stamp_holds` accepts.
     """
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:

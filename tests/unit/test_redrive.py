@@ -246,3 +246,58 @@ def test_records_the_source_cannot_read_again_are_traced_and_do_not_wedge_the_pi
     assert main(["--lake", "lake", "redrive", "fractions"]) == 0  # not due again: nothing to read
     assert "landed nothing" in capsys.readouterr().out
     assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0  # not wedged
+
+
+def test_a_record_is_due_once_per_failure_and_only_for_the_outputs_it_failed_for():
+    from reclock.job.redrive import due
+    from reclock.persist.remap import Redrive
+
+    f = ("f.csv", 0)
+    failed = {
+        (f, 1): [(10, None)],  # failed to decode, never redriven: due, for every output
+        (f, 2): [(10, "ratio")],  # a transform failed: due for that output only
+        (f, 3): [(10, None)],  # redriven at 20, which every output holds: landed before
+        (f, 4): [(10, None), (20, None)],  # redriven at 20 and failed again there: due again
+        (f, 5): [(10, None), (20, "ratio")],  # redriven at 20, decoded, then ratio failed: ratio only
+        (f, 6): [(10, "ratio")],  # redriven at 40, not landed yet: neither due nor landed
+        (f, 7): [(10, "ratio"), (20, None)],  # redriven into ratio at 20, failed to decode: still ratio only
+    }
+    redrives = [Redrive(20, f, 3, 6), Redrive(40, f, 6, 7, ("ratio",)), Redrive(20, f, 7, 8, ("ratio",))]
+    wanted, already = due(failed, redrives, 30)
+    assert wanted == {(f, 1): (), (f, 2): ("ratio",), (f, 4): (), (f, 5): ("ratio",), (f, 7): ("ratio",)}
+    assert already == 1
+
+
+def test_a_record_redriven_into_an_upsert_output_is_refused_with_a_trace_not_merged(tmp_path):
+    """An old record at a new into time would win over its key's later updates: refused, and
+    ``_errors`` says so for each record, at the redrive's into time."""
+    import pyarrow as pa
+
+    from reclock.persist.remap import Redrive
+    from reclock.runtime.pipeline import Pipeline
+    from reclock.sources.base import Output
+    from reclock.testing import FakeClock, MemorySource
+
+    kv = pa.schema([("k", pa.int64()), ("v", pa.string())])
+    source = MemorySource({"kv": Output("kv", kv, key=("k",), envelope="upsert")})
+    source.append("p", "kv", [{"k": 1, "v": "a"}, {"k": None, "v": "lost"}, {"k": 1, "v": "b"}])
+    clock = FakeClock(1_000)
+    pipeline = Pipeline("u", tmp_path / "lake", source, now=clock)
+    pipeline.step()
+    out = tmp_path / "lake" / "u" / "outputs"
+    [orphan] = read_rows(DeltaLog(out / "_errors").refresh()).to_pylist()
+    assert (orphan["kind"], orphan["_offset"]) == ("null_key", 1)
+
+    clock.advance(1_000)
+    bindings = pipeline.remap.bindings
+    assert pipeline.remap.mint_with_skips(clock.ms, bindings.frontier, [], [Redrive(clock.ms, "p", 0, 2)])
+    report = pipeline.step()
+    assert report.binding_ts == clock.ms
+    assert read_rows(DeltaLog(out / "kv").refresh()).to_pylist() == [{"k": 1, "v": "b", **_lineage(2)}]
+    traces = [r for r in read_rows(DeltaLog(out / "_errors").refresh()).to_pylist() if r["_into_ts"] == clock.ms]
+    assert sorted((r["kind"], r["_offset"]) for r in traces) == [("not_redriven", 0), ("not_redriven", 1)]
+    assert all("output 'kv' is upsert" in r["message"] for r in traces)
+
+
+def _lineage(offset: int) -> dict:
+    return {"_into_ts": 1_000, "_partition": "p", "_offset": offset}
