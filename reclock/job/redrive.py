@@ -39,6 +39,7 @@ import pyarrow.compute as pc
 
 from reclock.errors import ReclockError
 from reclock.job import lifecycle
+from reclock.job.config import PipelineConfig
 from reclock.job.control import exclusive, load
 from reclock.job.detach import is_detached
 from reclock.persist.asof import output_upper
@@ -48,7 +49,7 @@ from reclock.persist.read import read_table
 from reclock.persist.remap import Redrive, RemapTable
 from reclock.runtime.health import Health
 from reclock.runtime.redrives import NOT_REDRIVEN, UNREADABLE
-from reclock.runtime.shaping import TRANSFORM_ERROR
+from reclock.runtime.shaping import TRANSFORM_ERROR, Route, route_outputs
 from reclock.sources.base import ERRORS
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, IntoTime, Partition, decode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
@@ -81,7 +82,7 @@ class RedriveReport:
 
 def redrive(lake: Lake, name: str, *, now: Callable[[], int] = wall_clock_ms) -> RedriveReport:
     """Request a redrive of the stopped pipeline's due records and land it (see the module doc)."""
-    config, _ = load(lake, name)
+    config, created_at = load(lake, name)
     if is_detached(lake, name):
         raise ReclockError(f"pipeline {name!r} is detached: start it first (a redrive lands through its batches)")
     lease = exclusive(lake, name, config.lease_ttl_s)
@@ -92,7 +93,8 @@ def redrive(lake: Lake, name: str, *, now: Callable[[], int] = wall_clock_ms) ->
         )
         failed = _failed_records(lake, name, upper)
         wanted, already = due(failed, remap.redrives, upper)
-        report = RedriveReport(already=already)
+        wanted, held = _not_held(lake, name, wanted, {t for r in wanted for t, _ in failed[r]}, config, created_at)
+        report = RedriveReport(already=already + held)
         if wanted:
             bindings = remap.bindings
             if bindings.is_closed:
@@ -181,6 +183,59 @@ def _failed_records(lake: Lake, name: str, upper: IntoTime) -> dict[Record, list
         match = _FAILED_FOR.match(message or "") if kind == TRANSFORM_ERROR else None
         failed[(decode_partition(p), o)].append((t, match.group(1) if match else None))
     return failed
+
+
+def _not_held(
+    lake: Lake,
+    name: str,
+    wanted: dict[Record, tuple[str, ...]],
+    times: set[IntoTime],
+    config: PipelineConfig,
+    created_at: int,
+) -> tuple[dict[Record, tuple[str, ...]], int]:
+    """``wanted`` without the outputs that hold a record already, and how many records every
+    output they were owed to holds.
+
+    An output holds a failed record when a batch was half committed (its ``_errors`` row landed)
+    and the definition was fixed before the rest of it was replayed: the replay evaluated the
+    record with the new definition for the outputs that still lacked the batch. Its failure and
+    its row then share an into time, which is the only time looked at.
+    """
+    holders: dict[Record, set[str]] = defaultdict(set)
+    for output in lake.outputs(name):
+        if output == ERRORS or not times:
+            continue
+        table = lake.store.open_table(lake.output_path(name, output))
+        rows = read_table(
+            table, columns=[PARTITION, OFFSET], filters=[(INTO_TS, "in", sorted(times))], store=lake.store
+        )
+        for p, o in zip(rows[PARTITION].to_pylist(), rows[OFFSET].to_pylist(), strict=True):
+            if (record := (decode_partition(p), o)) in wanted:
+                holders[record].add(output)
+    if not holders:
+        return wanted, 0
+    groups = _route_groups(lake, name, config, created_at)
+    out: dict[Record, tuple[str, ...]] = {}
+    for record, outputs in wanted.items():
+        held = holders.get(record)
+        if not held:
+            out[record] = outputs
+            continue
+        owed = set(outputs) if outputs else next((g for g in groups if g & held), set())
+        if owed - held:
+            out[record] = tuple(sorted(owed - held))
+    return out, len(wanted) - len(out)
+
+
+def _route_groups(lake: Lake, name: str, config: PipelineConfig, created_at: int) -> list[set[str]]:
+    """Per source output, the outputs its records land in (its routes, as the definition is now)."""
+    source = lifecycle.source_of(lake, name, config, created_at)
+    try:
+        outputs = {o.name: o for o in source.outputs()}
+    finally:
+        source.close()
+    _, routes = route_outputs(outputs, config.shapes)
+    return [{r.output for r in routes.get(o, (Route(o),))} for o in outputs if o != ERRORS]
 
 
 def _requests(time: IntoTime, wanted: dict[Record, tuple[str, ...]]) -> list[Redrive]:

@@ -301,3 +301,46 @@ def test_a_record_redriven_into_an_upsert_output_is_refused_with_a_trace_not_mer
 
 def _lineage(offset: int) -> dict:
     return {"_into_ts": 1_000, "_partition": "p", "_offset": offset}
+
+
+def test_a_record_a_half_committed_batch_landed_with_the_fixed_definition_is_not_redriven_into_it(
+    tmp_path, capsys, monkeypatch
+):
+    """Killed between ``_errors``' commit and ``ratio``'s, then fixed: the replay lands the batch's
+    failed records in ``ratio`` with the new definition, beside their ``_errors`` rows. A redrive
+    must not land them there a second time."""
+    from reclock.persist.sink import OutputSink
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "f.csv").write_text("num,den\n" + "".join(f"{i},{i % 3}\n" for i in range(30)))
+    (tmp_path / "p.toml").write_text(ROUTED.format(expression=BROKEN))
+    assert main(["create", "p.toml"]) == 0
+    commit = OutputSink.commit
+
+    def dies_after_errors(self, files, binding_ts, **kwargs):
+        done = commit(self, files, binding_ts, **kwargs)
+        if self.path.name == "_errors" and files:
+            raise KeyboardInterrupt
+        return done
+
+    with monkeypatch.context() as patch:
+        patch.setattr(OutputSink, "commit", dies_after_errors)
+        with contextlib.suppress(KeyboardInterrupt):
+            main(["--lake", "lake", "start", "fractions"])
+    lake = tmp_path / "lake"
+    failed = {(r["_partition"], r["_offset"]) for r in _rows(lake, "_errors", "fractions")}
+    outputs = lake / "fractions" / "outputs"
+    labels = {o: label_of(DeltaLog(outputs / o).refresh(), f"reclock/fractions/{o}") for o in ("_errors", "ratio")}
+    assert len(failed) == 10 and (labels["ratio"] or 0) < labels["_errors"]  # ratio lacks the batch
+    (tmp_path / "p.toml").write_text(ROUTED.format(expression=FIXED))
+    assert main(["create", "p.toml", "--replace"]) == 0
+    assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0  # replays ratio's part
+    ratio = _rows(lake, "ratio", "fractions")
+    assert failed <= {(r["_partition"], r["_offset"]) for r in ratio}
+
+    capsys.readouterr()
+    assert main(["--lake", "lake", "redrive", "fractions"]) == 0
+    assert f"landed nothing; still failing 0, landed before {len(failed)}" in capsys.readouterr().out
+    ratio = _rows(lake, "ratio", "fractions")
+    assert len({(r["_partition"], r["_offset"]) for r in ratio}) == len(ratio) == 30
