@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from typing import Any, TextIO
 
-from reclock.errors import ConfigError, StorageError
+from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.job import status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
@@ -87,11 +87,35 @@ def create(
                 "pipeline.name",
                 f"pipeline {config.name!r} already exists with another definition; use --replace to change it",
             )
+        if any(stored["definition"].get(k) != definition.get(k) for k in _SHAPING):
+            _refuse_inside_a_batch(lake, config.name)
         created = stored["created_at_ms"]
     else:
         created = now()
     lake.store.write_text(path, json.dumps({"definition": definition, "created_at_ms": created}, indent=1))
     return path
+
+
+#: The sections of a definition that decide what a record becomes in its outputs.
+_SHAPING = ("source", "outputs")
+
+
+def _refuse_inside_a_batch(lake: Lake, name: str) -> None:
+    """Refuse to change how records are decoded or shaped while a batch is half committed.
+
+    Its replay would evaluate the batch's records with the new definition for the outputs that
+    still lack it, beside what the old one wrote to the others: a record the old definition
+    rejected in an output that holds the batch, but the new one accepts, would be in neither that
+    output nor ``_errors``.
+    """
+    uppers = {o: output_upper(lake.output_path(name, o), sink_id(name, o), lake.store) for o in lake.outputs(name)}
+    if len(set(uppers.values())) > 1:
+        ahead = max(uppers, key=lambda o: uppers[o])
+        behind = min(uppers, key=lambda o: uppers[o])
+        raise ReclockError(
+            f"pipeline {name!r} stopped inside batch {uppers[ahead] - 1} (output {ahead!r} holds it, {behind!r} does "
+            "not): start it to finish that batch with the definition it began with, stop it, then replace"
+        )
 
 
 def lake_of(config: PipelineConfig, storage_options: Mapping[str, Any] | None = None) -> Lake:

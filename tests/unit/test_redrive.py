@@ -105,6 +105,13 @@ group_by = ["num"]
 n = "count(*)"
 """
 BROKEN, FIXED = "num / den", "num / NULLIF(den, 0)"
+#: The same pipeline with ``rows`` itself shaped (no window): it commits before ``_errors``.
+IN_PLACE = (
+    ROUTED[: ROUTED.index("[outputs.ratio]")]
+    + """[outputs.rows]
+sql = "SELECT num, {expression} AS r FROM input WHERE num >= 0"
+"""
+)
 
 
 def _fractions(tmp_path, monkeypatch) -> dict[tuple[str, int], tuple[int, int]]:
@@ -309,6 +316,7 @@ def test_a_record_a_half_committed_batch_landed_with_the_fixed_definition_is_not
     """Killed between ``_errors``' commit and ``ratio``'s, then fixed: the replay lands the batch's
     failed records in ``ratio`` with the new definition, beside their ``_errors`` rows. A redrive
     must not land them there a second time."""
+    from reclock.job import lifecycle
     from reclock.persist.sink import OutputSink
 
     monkeypatch.chdir(tmp_path)
@@ -334,7 +342,10 @@ def test_a_record_a_half_committed_batch_landed_with_the_fixed_definition_is_not
     labels = {o: label_of(DeltaLog(outputs / o).refresh(), f"reclock/fractions/{o}") for o in ("_errors", "ratio")}
     assert len(failed) == 10 and (labels["ratio"] or 0) < labels["_errors"]  # ratio lacks the batch
     (tmp_path / "p.toml").write_text(ROUTED.format(expression=FIXED))
-    assert main(["create", "p.toml", "--replace"]) == 0
+    assert main(["create", "p.toml", "--replace"]) == 1  # refused now: see the next test
+    with monkeypatch.context() as patch:  # as reclock allowed before, so such lakes exist
+        patch.setattr(lifecycle, "_refuse_inside_a_batch", lambda lake, name: None)
+        assert main(["create", "p.toml", "--replace"]) == 0
     assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0  # replays ratio's part
     ratio = _rows(lake, "ratio", "fractions")
     assert failed <= {(r["_partition"], r["_offset"]) for r in ratio}
@@ -344,3 +355,42 @@ def test_a_record_a_half_committed_batch_landed_with_the_fixed_definition_is_not
     assert f"landed nothing; still failing 0, landed before {len(failed)}" in capsys.readouterr().out
     ratio = _rows(lake, "ratio", "fractions")
     assert len({(r["_partition"], r["_offset"]) for r in ratio}) == len(ratio) == 30
+
+
+def test_a_definition_is_not_replaced_while_a_batch_is_half_committed(tmp_path, capsys, monkeypatch):
+    """Its replay would shape the rest of the batch with the new definition: a record the old one
+    rejected in an output that holds the batch, and the new one accepts, would land nowhere."""
+    from reclock.persist.sink import OutputSink
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "f.csv").write_text("num,den\n" + "".join(f"{i},{i % 3}\n" for i in range(30)))
+    (tmp_path / "p.toml").write_text(IN_PLACE.format(expression=BROKEN))
+    assert main(["create", "p.toml"]) == 0
+    commit = OutputSink.commit
+
+    def dies_after_rows(self, files, binding_ts, **kwargs):
+        done = commit(self, files, binding_ts, **kwargs)
+        if self.path.name == "rows" and files:
+            raise KeyboardInterrupt  # rows holds the batch without its failures; _errors lacks them
+        return done
+
+    with monkeypatch.context() as patch:
+        patch.setattr(OutputSink, "commit", dies_after_rows)
+        with contextlib.suppress(KeyboardInterrupt):
+            main(["--lake", "lake", "start", "fractions"])
+    lake = tmp_path / "lake"
+    assert len(_rows(lake, "rows", "fractions")) == 20 and not _rows(lake, "_errors", "fractions")
+    (tmp_path / "p.toml").write_text(IN_PLACE.format(expression=FIXED))
+    capsys.readouterr()
+    assert main(["create", "p.toml", "--replace"]) == 1
+    err = capsys.readouterr().err
+    assert "stopped inside batch" in err and "start it to finish that batch" in err and err.count("\n") == 1
+
+    assert main(["--lake", "lake", "start", "fractions", "--max-seconds", "1"]) == 0  # finishes the batch
+    assert main(["create", "p.toml", "--replace"]) == 0
+    capsys.readouterr()
+    assert main(["--lake", "lake", "redrive", "fractions"]) == 0
+    assert "landed 10 into rows; still failing 0" in capsys.readouterr().out
+    rows = _rows(lake, "rows", "fractions")
+    assert len({(r["_partition"], r["_offset"]) for r in rows}) == len(rows) == 30  # nothing lost, once each
