@@ -77,7 +77,7 @@ class RedriveReport:
     still_bad: int = 0  # fail again with the definition as it is now
     refused: int = 0  # decode now, but into an upsert or debezium output
     gone: int = 0  # the source no longer has them (Kafka retention, a deleted file)
-    pending: bool = False  # requested, not landed yet: another job took the pipeline meanwhile
+    pending: bool = False  # requested, not landed yet: a job took the pipeline meanwhile, or a stop came first
 
 
 def redrive(lake: Lake, name: str, *, now: Callable[[], int] = wall_clock_ms) -> RedriveReport:
