@@ -18,6 +18,12 @@ up after its batch failed ``max_retries`` times (``stop_on_error = false``). It 
 any output commits the batch, so a replay after a crash excludes the very same records and a
 record can never end up both skipped and loaded.
 
+A *redrive* row has the same shape, noted :data:`REDRIVE`: records ``[start, end)`` of a partition
+that went to ``_errors`` land again, read from the source, in the batch of the binding ``into_ts``
+(minted in the same commit, see :meth:`RemapTable.mint_with_skips`), into the outputs the note
+names (all their routes when it names none). The request is durable before anything is read, so
+every replay of that batch lands the same records (``reclock redrive``, :mod:`reclock.job.redrive`).
+
 Compare-and-append: a writer commits on the snapshot its view was built from with
 ``max_commit_retries=0``, so the commit lands at exactly the next version or not at all (Delta's
 put-if-absent of the log file is the atomic compare). A writer that loses re-reads the table,
@@ -51,7 +57,7 @@ from reclock.timeline.frontier import (
     wall_clock_ms,
 )
 
-__all__ = ["COMPACTED", "REREAD_START", "USER_SKIP", "REMAP_SCHEMA", "RemapTable", "Skip"]
+__all__ = ["COMPACTED", "REDRIVE", "REREAD_START", "USER_SKIP", "REMAP_SCHEMA", "Redrive", "RemapTable", "Skip"]
 
 REMAP_SCHEMA = pa.schema(
     [
@@ -76,6 +82,18 @@ class Skip:
     reason: str
 
 
+@dataclass(frozen=True)
+class Redrive:
+    """Records ``[start, end)`` of ``partition`` from ``_errors`` land again in the batch of the
+    binding ``binding_ts``, into ``outputs`` (empty: every output their records route to)."""
+
+    binding_ts: IntoTime
+    partition: Partition
+    start: Offset
+    end: Offset
+    outputs: tuple[str, ...] = ()
+
+
 _APP_ID = "reclock/remap"
 
 #: The note on the rows of the binding that merges every binding at or below the table's ``since``.
@@ -89,6 +107,9 @@ USER_SKIP = "set-offsets:"
 #: were never the re-read's to load, so no ``_errors`` row stands for them.
 REREAD_START = f"{USER_SKIP} a re-read starts after these offsets"
 
+#: How the note of a redrive row begins; the outputs it names follow, comma-separated.
+REDRIVE = "redrive"
+
 
 class RemapTable:
     """Owner of one pipeline's bindings: the synced view plus the Delta table behind it."""
@@ -98,7 +119,7 @@ class RemapTable:
         self.store = store
         with lake_io("opening the remap table"):
             self._table = _open_or_create(self.path, store)
-            self._bindings, self._skips = _replay(self._table, store)
+            self._bindings, self._skips, self._redrives = _replay(self._table, store)
         self._unsure = False
 
     @property
@@ -119,6 +140,12 @@ class RemapTable:
         return list(self._skips)
 
     @property
+    def redrives(self) -> list[Redrive]:
+        """Every redrive requested, in binding order."""
+        self._settle()
+        return list(self._redrives)
+
+    @property
     def version(self) -> int:
         return self._table.version()
 
@@ -126,7 +153,7 @@ class RemapTable:
         """Catch up with whatever other writers committed since this view was read."""
         with lake_io("reading the remap table"):
             self._table = self.store.open_table(self.path)
-            self._bindings, self._skips = _replay(self._table, self.store)
+            self._bindings, self._skips, self._redrives = _replay(self._table, self.store)
         self._unsure = False
         return self._bindings
 
@@ -143,16 +170,20 @@ class RemapTable:
         """
         return self.mint_with_skips(time, frontier, [])
 
-    def mint_with_skips(self, time: IntoTime, frontier: Frontier, skips: list[Skip]) -> bool:
-        """:meth:`mint`, with ``skips`` of that binding's batch in the same commit: a range a user
-        skipped can never be bound without its skip, whatever crashes in between."""
+    def mint_with_skips(
+        self, time: IntoTime, frontier: Frontier, skips: list[Skip], redrives: list[Redrive] | None = None
+    ) -> bool:
+        """:meth:`mint`, with ``skips`` and ``redrives`` of that binding's batch in the same commit:
+        a range a user skipped can never be bound without its skip, nor a redrive's binding
+        without the records it lands, whatever crashes in between."""
+        redrives = redrives or []
         while True:
             view = self.bindings
             if time < view.upper or not view.frontier.less_equal(frontier) or view.is_closed:
                 return False
             rows = _binding_rows(time, view.frontier, frontier)
-            if skips:
-                rows = pa.concat_tables([rows, _skip_rows(skips)])
+            if skips or redrives:
+                rows = pa.concat_tables([rows, _skip_rows(skips), _redrive_rows(redrives)])
             self._unsure = True
             try:
                 with lake_io(f"minting binding {time} in the remap table"):
@@ -163,6 +194,7 @@ class RemapTable:
             self._unsure = False
             view.mint(time, frontier)
             self._skips.extend(skips)
+            self._redrives.extend(redrives)
             return True
 
     def record_skips(self, skips: list[Skip]) -> list[Skip]:
@@ -209,7 +241,7 @@ class RemapTable:
         times = view.times()
         below = bisect_right(times, since)
         since = max(times[below - 1] if below else 0, view.since)
-        rows = _rows_of(view, since, self._skips)
+        rows = _rows_of(view, since, self._skips, self._redrives)
         self._unsure = True
         try:
             with lake_io("compacting the remap table"):
@@ -251,9 +283,10 @@ def _open_or_create(path: LakePath, store: Store) -> DeltaTable:
         raise
 
 
-def _rows_of(bindings: Bindings, since: IntoTime, skips: list[Skip]) -> pa.Table:
+def _rows_of(bindings: Bindings, since: IntoTime, skips: list[Skip], redrives: list[Redrive]) -> pa.Table:
     """The rows of a compacted table: one binding at ``since`` with the whole frontier it had,
-    noted :data:`COMPACTED`, then every later binding as it was minted, then every skip."""
+    noted :data:`COMPACTED`, then every later binding as it was minted, then every skip and
+    every redrive."""
     parts = []
     previous = Frontier()
     for time, frontier in bindings:
@@ -264,7 +297,7 @@ def _rows_of(bindings: Bindings, since: IntoTime, skips: list[Skip]) -> pa.Table
             _binding_rows(time, Frontier() if merged else previous, frontier, note=COMPACTED if merged else None)
         )
         previous = frontier
-    parts.append(_skip_rows(skips))
+    parts += [_skip_rows(skips), _redrive_rows(redrives)]
     return pa.concat_tables(parts)
 
 
@@ -280,6 +313,28 @@ def _skip_rows(skips: list[Skip]) -> pa.Table:
         },
         schema=REMAP_SCHEMA,
     )
+
+
+def _redrive_rows(redrives: list[Redrive]) -> pa.Table:
+    return pa.table(
+        {
+            "into_ts": [r.binding_ts for r in redrives],
+            "partition": [encode_partition(r.partition) for r in redrives],
+            "offset": [r.end for r in redrives],
+            "closed": [False] * len(redrives),
+            "skip_start": [r.start for r in redrives],
+            "note": [" ".join([REDRIVE, ",".join(r.outputs)]).strip() for r in redrives],
+        },
+        schema=REMAP_SCHEMA,
+    )
+
+
+def _redrive_of(time: IntoTime, partition: str, start: Offset, end: Offset, note: str) -> Redrive | None:
+    """The redrive a row stands for, ``None`` if it is a skip."""
+    kind, _, outputs = note.partition(" ")
+    if kind != REDRIVE:
+        return None
+    return Redrive(time, decode_partition(partition), start, end, tuple(o for o in outputs.split(",") if o))
 
 
 def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier, *, note: str | None = None) -> pa.Table:
@@ -303,10 +358,11 @@ def _binding_rows(time: IntoTime, previous: Frontier, frontier: Frontier, *, not
     )
 
 
-def _replay(table: DeltaTable, store: Store) -> tuple[Bindings, list[Skip]]:
+def _replay(table: DeltaTable, store: Store) -> tuple[Bindings, list[Skip], list[Redrive]]:
     data = read_table(table, store=store).sort_by("into_ts").to_pydict()
     bindings = Bindings()
     skips: list[Skip] = []
+    redrives: list[Redrive] = []
     frontier: dict = {}
     pending: IntoTime | None = None
     since: IntoTime | None = None
@@ -319,7 +375,11 @@ def _replay(table: DeltaTable, store: Store) -> tuple[Bindings, list[Skip]]:
     columns = ("into_ts", "partition", "offset", "closed", "skip_start", "note")
     for time, partition, offset, is_closed, skip_start, note in zip(*(data[c] for c in columns), strict=True):
         if skip_start is not None:
-            skips.append(Skip(time, decode_partition(partition), skip_start, offset, note or ""))
+            redrive = _redrive_of(time, partition, skip_start, offset, note or "")
+            if redrive is not None:
+                redrives.append(redrive)
+            else:
+                skips.append(Skip(time, decode_partition(partition), skip_start, offset, note or ""))
             continue
         if time != pending:
             flush()
@@ -334,4 +394,4 @@ def _replay(table: DeltaTable, store: Store) -> tuple[Bindings, list[Skip]]:
     flush()
     if since is not None:
         bindings.compact(since)
-    return bindings, skips
+    return bindings, skips, redrives

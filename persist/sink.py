@@ -252,8 +252,16 @@ class OutputSink:
         self._upper = _label_upper(self._table, self.app_id)
         return self._upper
 
-    def commit(self, files: list[DataFile], binding_ts: IntoTime, *, planned_upper: IntoTime | None = None) -> bool:
+    def commit(
+        self,
+        files: list[DataFile],
+        binding_ts: IntoTime,
+        *,
+        planned_upper: IntoTime | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> bool:
         """Add ``files`` in one commit labelled ``binding_ts``; ``False`` if that label is already in.
+        ``metadata`` goes into the commit's custom metadata beside ``reclock.into_ts``.
 
         Called once per batch after every task finished; the files hold exactly the rows with
         ``planned_upper <= _into_ts <= binding_ts``, where ``planned_upper`` is the upper the tasks
@@ -280,7 +288,7 @@ class OutputSink:
         now_ms = wall_clock_ms()
         properties = CommitProperties(
             app_transactions=[Transaction(self.app_id, binding_ts, now_ms)],
-            custom_metadata={"reclock.into_ts": str(binding_ts)},
+            custom_metadata={**(metadata or {}), "reclock.into_ts": str(binding_ts)},
         )
         try:
             with lake_io(f"committing batch {binding_ts} to output table {self.path.name}"):

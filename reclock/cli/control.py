@@ -53,7 +53,9 @@ def register(
     detached.set_defaults(func=lambda args: _detach(lake(args), args))
 
     again = commands.add_parser(
-        "redrive", help="read the records in _errors again with the definition as it is now; land those that decode"
+        "redrive",
+        help="read the records in _errors again with the definition as it is now; land those that pass, "
+        "at a new into time",
     )
     again.add_argument("name")
     again.set_defaults(func=lambda args: _redrive(lake(args), args))
@@ -107,10 +109,17 @@ def _detach(lake: Lake, args: argparse.Namespace) -> int:
 
 def _redrive(lake: Lake, args: argparse.Namespace) -> int:
     report = redrive.redrive(lake, args.name)
+    if report.pending:
+        print(
+            f"pipeline {args.name!r}: redrive requested in batch {report.binding_ts}; the next batch of the pipeline "
+            "lands it (a job took it over, or this run stopped before)"
+        )
+        return 0
     landed = ", ".join(f"{rows} into {output}" for output, rows in sorted(report.landed.items())) or "nothing"
+    where = f"in batch {report.binding_ts}, " if report.binding_ts is not None else ""
     print(
-        f"pipeline {args.name!r}: landed {landed}; still failing {report.still_bad}, landed before {report.already}, "
-        f"gone from the source {report.gone}, "
-        f"not re-driven into upsert, debezium or partitioned outputs {report.not_append}"
+        f"pipeline {args.name!r}: {where}landed {landed}; still failing {report.still_bad}, landed before "
+        f"{report.already}, gone from the source {report.gone}, not re-driven into upsert or debezium outputs "
+        f"{report.refused}"
     )
     return 0

@@ -349,4 +349,3 @@ def _demo(args: argparse.Namespace) -> int:
     )
     print()
     return cli_status.status(_lake(args), argparse.Namespace(name="demo", json=False))
-

@@ -189,4 +189,3 @@ def _json_values(batch: pa.RecordBatch) -> list[bytes]:
             parts += [pa.scalar(key), pc.cast(column, pa.string())]
     parts.append(pa.scalar("}"))
     return pc.binary_join_element_wise(*parts, "").cast(pa.binary()).to_pylist()
-

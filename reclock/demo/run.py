@@ -182,5 +182,3 @@ class _Watcher(threading.Thread):
                 self.complete = True
                 lifecycle.request_stop(self.lake, DEMO)
                 return
-
-

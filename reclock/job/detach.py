@@ -8,10 +8,11 @@ record before loading anything and continues exactly where the pipeline stopped,
 one line naming the output and what changed (:func:`attach`).
 
 A user may, while detached: add nullable columns to an output (reclock's rows read back with
-nulls there), compact, Z-order, vacuum or set table properties, and delete or update rows (their
-own business: reclock never re-reads an output). A user may not: drop, rename or retype a column
+nulls there), compact, Z-order, vacuum or set table properties, and delete, update or overwrite
+rows (their own business: reclock never re-reads an output; an overwrite that keeps the schema is
+a new version of the same table, label included). A user may not: drop, rename or retype a column
 reclock writes, add a column that is not nullable (reclock's appends could not satisfy it),
-change the partition columns, or replace or recreate a table (its label is how a replay knows
+change the partition columns, or delete or recreate a table (its label is how a replay knows
 what is already committed, so without it a restart could load a batch twice). The remap table
 and ``_errors`` are reclock's own and are checked the same way.
 """

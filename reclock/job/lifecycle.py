@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from types import FrameType
 from typing import Any, TextIO, TypeAlias
 
-from reclock.errors import ConfigError, StorageError
+from reclock.errors import ConfigError, ReclockError, StorageError
 from reclock.job import status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
@@ -44,7 +44,7 @@ from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataP
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
 from reclock.sources.base import FileStates, Source, parse_generations
-from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
+from reclock.timeline.frontier import Frontier, IntoTime, Partition, encode_partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "maintain_pipeline", "request_stop", "run"]
@@ -89,11 +89,35 @@ def create(
                 "pipeline.name",
                 f"pipeline {config.name!r} already exists with another definition; use --replace to change it",
             )
+        if any(stored["definition"].get(k) != definition.get(k) for k in _SHAPING):
+            _refuse_inside_a_batch(lake, config.name)
         created = stored["created_at_ms"]
     else:
         created = now()
     lake.store.write_text(path, json.dumps({"definition": definition, "created_at_ms": created}, indent=1))
     return path
+
+
+#: The sections of a definition that decide what a record becomes in its outputs.
+_SHAPING = ("source", "outputs")
+
+
+def _refuse_inside_a_batch(lake: Lake, name: str) -> None:
+    """Refuse to change how records are decoded or shaped while a batch is half committed.
+
+    Its replay would evaluate the batch's records with the new definition for the outputs that
+    still lack it, beside what the old one wrote to the others: a record the old definition
+    rejected in an output that holds the batch, but the new one accepts, would be in neither that
+    output nor ``_errors``.
+    """
+    uppers = {o: output_upper(lake.output_path(name, o), sink_id(name, o), lake.store) for o in lake.outputs(name)}
+    if len(set(uppers.values())) > 1:
+        ahead = max(uppers, key=lambda o: uppers[o])
+        behind = min(uppers, key=lambda o: uppers[o])
+        raise ReclockError(
+            f"pipeline {name!r} stopped inside batch {uppers[ahead] - 1} (output {ahead!r} holds it, {behind!r} does "
+            "not): start it to finish that batch with the definition it began with, stop it, then replace"
+        )
 
 
 def lake_of(config: PipelineConfig, storage_options: Mapping[str, Any] | None = None) -> Lake:
@@ -210,20 +234,27 @@ def run(
     progress: TextIO | None = None,
     max_seconds: float | None = None,
     metrics_host: str | None = None,
+    until: IntoTime | None = None,
 ) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
 
-    ``metrics_host`` overrides the definition's ``metrics_host`` for this run. Every line the job
-    logs on this thread names the pipeline (:mod:`reclock.runtime.logs`).
+    ``metrics_host`` overrides the definition's ``metrics_host`` for this run. With ``until``
+    the run also stops once every output holds that binding (``reclock redrive`` lands its
+    request so). Every line the job logs on this thread names the pipeline (:mod:`reclock.runtime.logs`).
     """
     with logs.pipeline_scope(name):
-        pipeline = _run(lake, name, progress, max_seconds, metrics_host)
+        pipeline = _run(lake, name, progress, max_seconds, metrics_host, until)
         log.info("job ended: %s, %s", pipeline.health.value, "finished" if pipeline.finished else "not finished")
         return pipeline
 
 
 def _run(
-    lake: Lake, name: str, progress: TextIO | None, max_seconds: float | None, metrics_host: str | None
+    lake: Lake,
+    name: str,
+    progress: TextIO | None,
+    max_seconds: float | None,
+    metrics_host: str | None,
+    until: IntoTime | None,
 ) -> Pipeline:
     config, created_at = load(lake, name)
     if metrics_host is not None:
@@ -231,7 +262,7 @@ def _run(
     lease = exclusive(lake, name, config.lease_ttl_s)
     try:
         attach(lake, name)
-        return _run_leased(lake, name, config, created_at, lease, progress, max_seconds)
+        return _run_leased(lake, name, config, created_at, lease, progress, max_seconds, until)
     finally:
         lease.release()
 
@@ -244,6 +275,7 @@ def _run_leased(
     lease: Lease,
     progress: TextIO | None,
     max_seconds: float | None,
+    until: IntoTime | None = None,
 ) -> Pipeline:
     """The job under the pipeline's lease: it checks it before every durable write, so a job that
     lost it stops before its next commit, as failed, and writes no status over its successor's."""
@@ -313,7 +345,11 @@ def _run_leased(
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
         last_health[0] = pipeline.health
+        if until is not None and pipeline.resume_upper > until:
+            stop.set()
 
+    if until is not None and pipeline.resume_upper > until:
+        stop.set()
     try:
         pipeline.run(
             stop,

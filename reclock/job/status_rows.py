@@ -9,6 +9,7 @@ from __future__ import annotations
 from reclock.persist.status_tables import StatusTables
 from reclock.runtime.health import Health
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.redrives import RedriveSplit
 from reclock.runtime.reports import BatchReport, BatchState
 from reclock.sources.base import FileStates
 from reclock.timeline.frontier import encode_partition
@@ -94,7 +95,8 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
     files = []
     if report.state is BatchState.SUCCEEDED:
         if files_source:
-            files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in report.results]
+            loaded = [r for r in report.results if not isinstance(r.split, RedriveSplit)]  # a redrive loads no file
+            files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in loaded]
             files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
         for r in report.results:
             if r.earliest is not None:

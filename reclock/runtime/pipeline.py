@@ -10,8 +10,9 @@ catch-up. Only when every output is current does it move on:
    consistent read; a bounded source whose end is bound gets a closing binding;
 3. **plan**: the batch starts at the slowest output, ``lower = R(min_e upper_e - 1)``, and covers
    the pending bindings (as many as fit in ``max_batch``, at least one) up to ``binding_ts``, its id;
-4. **write**: the data plane reads ``splits(lower, R(binding_ts))``, stamps, drops what an output
-   already holds and writes parquet files;
+4. **write**: the data plane reads ``splits(lower, R(binding_ts))`` and the ranges redriven at these
+   bindings (:mod:`reclock.runtime.redrives`), stamps, drops what an output already holds and
+   writes parquet files;
 5. **commit** each output once, labelled ``binding_ts``; an output that already holds it is skipped;
 6. **resume**: the resume frontier ``R(min_e upper_e - 1)`` goes to ``source.commit`` (advisory).
 
@@ -54,7 +55,8 @@ from reclock.runtime.minting import Interrupted, Minter
 from reclock.runtime.outputs import layouts_of, outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane
 from reclock.runtime.planning import in_split_order, plan_batch, without_skips
-from reclock.runtime.reports import BatchFailed, BatchReport, BatchState
+from reclock.runtime.redrives import redrive_splits
+from reclock.runtime.reports import FILTERED, BatchFailed, BatchReport, BatchState, filtered_json, ms_since
 from reclock.runtime.rows import output_rows
 from reclock.runtime.settings import Maintenance, Settings
 from reclock.runtime.shaping import Shape, route_outputs
@@ -367,6 +369,8 @@ class Pipeline:
         moved = batch.moved
         skips = [skip for skip in self.remap.skips if lo <= skip.binding_ts <= binding_ts]
         splits = without_skips(self.source.splits(lower, upper), skips) if moved else []
+        # Records from _errors read again, in the batch of the binding they were redriven at.
+        splits += redrive_splits(self.source, bindings, self.remap.redrives, skips, between=(lo, binding_ts))
         plan = BatchPlan(
             source=self.source,
             stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
@@ -384,12 +388,12 @@ class Pipeline:
         report = BatchReport(
             binding_ts, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started
         )
-        report.phases["plan"], clock = _ms_since(clock)
+        report.phases["plan"], clock = ms_since(clock)
         self._on_start(report)
         # Step 4: write.
         results = in_split_order(self.data_plane.run(plan, splits), splits)
         report.state, report.results = BatchState.SUCCEEDED, results
-        report.phases["read"], clock = _ms_since(clock)
+        report.phases["read"], clock = ms_since(clock)
         if any(r.error for r in results):
             for r in results:
                 for f in r.files:
@@ -417,15 +421,16 @@ class Pipeline:
             report.state = BatchState.FAILED
             report.error = str(exc)
             raise
+        metadata = {FILTERED: filtered_json(results)}
         for name, sink in self.sinks.items():
             if sink.upper <= binding_ts:
                 self._fence()
-                sink.commit(by_output[name], binding_ts, planned_upper=plan.uppers[name])
+                sink.commit(by_output[name], binding_ts, planned_upper=plan.uppers[name], metadata=metadata)
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())
         self._on_step("resumed")
-        report.phases["commit"], _ = _ms_since(clock)
+        report.phases["commit"], _ = ms_since(clock)
         report.rows = {name: sum(f.num_records for f in fs) for name, fs in by_output.items()}
         report.duration_ms = wall_clock_ms() - started
         return report
@@ -491,9 +496,3 @@ class Pipeline:
         self.health = Health.FAILED
         self.last_error = describe(exc)
         log.error("pipeline %s failed (state Error): %s", self.name, self.last_error)
-
-
-def _ms_since(clock: float) -> tuple[int, float]:
-    """Whole milliseconds since ``clock`` (a ``time.monotonic()``), and the clock now."""
-    now = time.monotonic()
-    return int((now - clock) * 1000), now

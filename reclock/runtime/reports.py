@@ -7,6 +7,8 @@ splits failed, so retries and skips see exactly which ranges.
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -16,7 +18,12 @@ from reclock.runtime.maintenance import MaintenanceReport
 from reclock.runtime.task import SplitResult
 from reclock.timeline.frontier import Frontier, IntoTime
 
-__all__ = ["BatchFailed", "BatchReport", "BatchState"]
+__all__ = ["FILTERED", "BatchFailed", "BatchReport", "BatchState", "filtered_json", "ms_since"]
+
+#: Custom metadata of every output's commit of a batch: the rows its transforms filtered out
+#: (``WHERE``), per source partition, as JSON. The same on every attempt of the batch, so the
+#: status row of a batch whose job was killed is rebuilt with it (:mod:`reclock.job.status_restore`).
+FILTERED = "reclock.filtered"
 
 
 class BatchState(StrEnum):
@@ -65,3 +72,17 @@ class BatchFailed(ReclockError):
             f"batch {report.binding_ts}: {len(failed)} of {len(report.results)} splits failed; first: partition "
             f"{first.partition} offsets [{first.split.start}, {first.split.end}): {first.error}"
         )
+
+
+def filtered_json(results: list[SplitResult]) -> str:
+    """:data:`FILTERED` of a batch: ``{partition: rows filtered}`` as JSON, partitions sorted."""
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.partition] = counts.get(r.partition, 0) + r.filtered
+    return json.dumps(dict(sorted(counts.items())), separators=(",", ":"))
+
+
+def ms_since(clock: float) -> tuple[int, float]:
+    """Whole milliseconds since ``clock`` (a ``time.monotonic()``), and the clock now."""
+    now = time.monotonic()
+    return int((now - clock) * 1000), now

@@ -41,6 +41,7 @@ from reclock.persist.evolution import evolve
 from reclock.persist.layout import OutputLayout
 from reclock.persist.sink import DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
+from reclock.runtime.redrives import RedriveSplit, redriven_routes, refusal_rows
 from reclock.runtime.rows import output_rows, split_null_keys, split_unplaceable, unwrap
 from reclock.runtime.shaping import Route, shape_batch
 from reclock.sources.base import ERRORS, GroupReads, Source, Split
@@ -99,16 +100,21 @@ class SplitResult:
 def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
     """One task's splits: as one stream if the source reads groups (:class:`GroupReads`), else
     split by split. A group that fails is read again split by split, so the results name exactly
-    the splits that fail (the pipeline may skip those ranges, and must not skip the others)."""
+    the splits that fail (the pipeline may skip those ranges, and must not skip the others).
+    Redriven ranges (:class:`~reclock.runtime.redrives.RedriveSplit`) are read one by one."""
+    again = [split for split in splits if isinstance(split, RedriveSplit)]
+    splits = [split for split in splits if not isinstance(split, RedriveSplit)]
     if isinstance(plan.source, GroupReads) and len(splits) > 1:
         results = run_group(plan, splits, plan.source.read_group)
         if results is not None:
-            return results
-    return [run_split(plan, split) for split in splits]
+            return results + [run_split(plan, split) for split in again]
+    return [run_split(plan, split) for split in [*splits, *again]]
 
 
 def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
+    if isinstance(split, RedriveSplit):
+        return _run_redrive(plan, split)
     started = time.time()
     task = _Task(plan)
     rows = bytes_read = 0
@@ -125,6 +131,57 @@ def run_split(plan: BatchPlan, split: Split) -> SplitResult:
                 earliest = lo if earliest is None else min(earliest, lo)
                 latest = hi if latest is None else max(latest, hi)
             landed = task.land(output, batch, partition, f"split {split!r}", stamp_at=stamp_at)
+            rows += sum(t.num_rows for t in landed)
+        files = task.finish()
+        filtered = sum(t.num_rows for t in task.filtered)
+    except Exception as exc:
+        task.discard()
+        return _failed(split, started, exc)
+    return SplitResult(
+        split,
+        files,
+        rows=rows,
+        filtered=filtered,
+        bytes_read=bytes_read,
+        earliest=earliest,
+        latest=latest,
+        started_ms=int(started * 1000),
+        duration_ms=int((time.time() - started) * 1000),
+    )
+
+
+def _run_redrive(plan: BatchPlan, split: RedriveSplit) -> SplitResult:
+    """Read a redriven range again and land its redriven records (see :mod:`reclock.runtime.redrives`).
+
+    The range is read whole before anything lands, so a source that cannot read it any more (a
+    deleted file, offsets lost to retention) gives each record an ``_errors`` row saying so
+    instead of failing the batch forever: a redrive must never wedge the pipeline it runs in.
+    Transient trouble and broken contracts still fail the split, to be retried or reported.
+    """
+    started = time.time()
+    task = _Task(plan)
+    rows = bytes_read = 0
+    earliest: int | None = None
+    latest: int | None = None
+    try:
+        try:
+            batches = [
+                (output, kept)
+                for output, batch in plan.source.read(split.split)
+                if (kept := split.kept(batch)).num_rows
+            ]
+        except Exception as exc:
+            if classify(exc) not in (ErrorKind.DATA, ErrorKind.DEFINITE):
+                raise
+            batches = [(ERRORS, split.unreadable(describe(exc)))]
+        partition = encode_partition(split.partition)
+        for output, batch in batches:
+            bytes_read += batch.nbytes
+            offsets = batch.column(OFFSET)
+            lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+            earliest = lo if earliest is None else min(earliest, lo)
+            latest = hi if latest is None else max(latest, hi)
+            landed = task.land(output, batch, partition, f"redrive {split!r}", redrive=split)
             rows += sum(t.num_rows for t in landed)
         files = task.finish()
         filtered = sum(t.num_rows for t in task.filtered)
@@ -206,46 +263,72 @@ class _Task:
         self.filtered: list[pa.Table] = []
 
     def land(
-        self, output: str, batch: pa.RecordBatch, partition: str | None, where: str, *, stamp_at: int | None = None
+        self,
+        output: str,
+        batch: pa.RecordBatch,
+        partition: str | None,
+        where: str,
+        *,
+        stamp_at: int | None = None,
+        redrive: RedriveSplit | None = None,
     ) -> list[pa.Table]:
         """Stamp ``batch`` and land it in every output its routes name; the rows added, per table.
         ``partition`` is the partition every row should have, if the reader covers one;
         ``stamp_at``, the offset every row is stamped at when the split is one unit whose rows'
         ``_offset`` are not positions in the source's time (a split's optional ``stamp_at``: a
-        compressed file's records are numbered by their place in the decompressed text)."""
+        compressed file's records are numbered by their place in the decompressed text). Records
+        of a ``redrive`` are stamped with its binding time and land only in the outputs they
+        failed for (:func:`~reclock.runtime.redrives.redriven_routes`)."""
         plan = self.plan
         if output not in plan.schemas:
             raise ContractError(f"source yielded rows for unknown output {output!r} from {where}")
-        offsets = batch.column(OFFSET)
-        if stamp_at is not None:
-            offsets = pa.array(np.full(batch.num_rows, stamp_at, dtype=np.int64))
-        into = plan.stamper.into_times(batch.column(PARTITION), offsets, partition=partition)
-        if len(into) and (into == UNBOUND).any():
-            raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
         landed: list[pa.Table] = []
-        for route in plan.routes.get(output, (Route(output),)):
+        if redrive is None:
+            offsets = batch.column(OFFSET)
+            if stamp_at is not None:
+                offsets = pa.array(np.full(batch.num_rows, stamp_at, dtype=np.int64))
+            into = plan.stamper.into_times(batch.column(PARTITION), offsets, partition=partition)
+            if len(into) and (into == UNBOUND).any():
+                raise ContractError(f"{where} yielded a record no binding covers: reads must stay in their split")
+            routes = list(plan.routes.get(output, (Route(output),)))
+        else:
+            into = np.full(batch.num_rows, redrive.into, dtype=np.int64)
+            routes = [Route(ERRORS)]
+            if output != ERRORS:
+                routes, refused = redriven_routes(output, plan.routes, plan.envelopes, redrive.outputs)
+                refusals = refusal_rows(batch, refused)
+                if refusals is not None:
+                    landed += self._as_read(ERRORS, refusals, np.full(refusals.num_rows, redrive.into, dtype=np.int64))
+        for route in routes:
             landed += self._shaped(route, batch, into) if route.shape else self._as_read(route.output, batch, into)
         return landed
 
     def _shaped(self, route: Route, batch: pa.RecordBatch, into: np.ndarray) -> list[pa.Table]:
-        floor = self._floor(route.output)
-        uppers = {**self.plan.uppers, route.output: floor}
-        shaped, rejected, filtered = shape_batch(route, batch, into, uppers, self.plan.schemas)
-        self.filtered.append(_from(filtered, self.plan.uppers[route.output], floor))
+        """Rows of ``route`` its output and ``_errors`` lack. Every row of the batch is evaluated
+        and its filtering counted, even for outputs that hold it already (a batch replayed after
+        a crash between two outputs' commits): a batch's ``filtered`` is then the same on every
+        attempt, whichever attempt's status row survives (:mod:`reclock.job.status_restore`);
+        and a row whose partition value is refused lands in ``_errors`` once, whichever of the
+        two commits a crash fell between."""
+        plan = self.plan
+        floor = min(plan.uppers.values())
+        shaped, rejected, filtered = shape_batch(route, batch, into, {route.output: floor, ERRORS: floor}, plan.schemas)
+        self.filtered.append(filtered)
+        rejected = _from(rejected, plan.uppers[ERRORS], floor)
         if rejected.num_rows:
             self._add(ERRORS, rejected)
         return [rejected, *self._placed(route.output, shaped, floor)]
 
     def _floor(self, output: str) -> IntoTime:
-        """The first into time whose rows of ``output`` a task evaluates: the output's upper, or
-        ``_errors``' if lower and the output is partitioned (a crash between the two commits
+        """The first into time whose rows of ``output`` a task lands as read: the output's upper,
+        or ``_errors``' if lower and the output is partitioned (a crash between the two commits
         must still land each row whose partition value is refused in ``_errors``, once)."""
         layout = self.plan.layouts.get(output, _PLAIN)
         upper = self.plan.uppers[output]
         return min(upper, self.plan.uppers[ERRORS]) if layout.partitioned else upper
 
     def _placed(self, output: str, rows: pa.Table, floor: IntoTime) -> list[pa.Table]:
-        """Add ``rows`` of ``output`` (from ``floor`` on, its :meth:`_floor`): those its partition
+        """Add ``rows`` of ``output`` (all from into time ``floor`` on): those its partition
         columns can hold to it, from its upper on, the others to ``_errors``, from that upper on."""
         plan = self.plan
         layout = plan.layouts.get(output, _PLAIN)

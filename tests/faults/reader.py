@@ -140,14 +140,19 @@ class Remap:
     """The bindings of a remap table's rows, and the reclock rule over them.
 
     Rows are ``(into_ts, partition, offset, closed, skip_start, note)``; a row with ``skip_start``
-    set records a skipped range, not a binding. Partitions stay as the encoded strings the output
-    rows carry in ``_partition``, so no decoding is involved in the comparison. Rows noted
-    ``compacted`` are the binding at the table's ``since`` that merged every earlier one: a record
-    it covers was stamped at ``since`` or before, which :meth:`stamp_holds` accepts.
+    set records a skipped range, not a binding, or, when its note begins ``redrive``, records
+    ``[skip_start, offset)`` that land again at ``into_ts`` (a redrive of ``_errors``; the note
+    names the outputs after a space, comma-separated, or none for all). Partitions stay as the
+    encoded strings the output rows carry in ``_partition``, so no decoding is involved in the
+    comparison. Rows noted ``compacted`` are the binding at the table's ``since`` that merged
+    every earlier one: a record it covers was stamped at ``since`` or before, which
+    :meth:`stamp_holds` accepts.
     """
 
     def __init__(self, rows: list[dict[str, Any]]) -> None:
-        self.skips = [r for r in rows if r["skip_start"] is not None]
+        ranges = [r for r in rows if r["skip_start"] is not None]
+        self.redrives = [r for r in ranges if (r["note"] or "").split(" ")[0] == "redrive"]
+        self.skips = [r for r in ranges if r not in self.redrives]
         bindings = sorted((r for r in rows if r["skip_start"] is None), key=lambda r: r["into_ts"])
         self.since = max((r["into_ts"] for r in bindings if r.get("note") == "compacted"), default=None)
         self.times = sorted({r["into_ts"] for r in bindings})
@@ -180,6 +185,14 @@ class Remap:
         if want is not None and want == self.since:
             return into_ts <= want
         return into_ts == want
+
+    def redriven_at(self, partition: str, offset: int) -> list[int]:
+        """The into times redrives landed ``(partition, offset)`` at, oldest first."""
+        return sorted(
+            r["into_ts"]
+            for r in self.redrives
+            if r["partition"] == partition and r["skip_start"] <= offset < r["offset"]
+        )
 
     def frontier_at(self, time: int) -> dict[str, int]:
         """``R(time)``: per partition, the first offset not covered by a binding at or before ``time``."""

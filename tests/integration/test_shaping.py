@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from reclock.sources.generator import BIDS, GeneratorSource
 from reclock.testing import FakeClock
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
-from tests.integration.helpers import expected_generator_offsets, write_config
+from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
 
 SQL = "SELECT num, num / den AS ratio FROM input WHERE num >= 0"
 
@@ -115,6 +116,48 @@ def test_a_division_by_zero_lands_good_rows_and_sends_bad_ones_to_errors_exactly
     filtered = sum(r["filtered"] or 0 for r in batches)
     assert filtered == dropped
     assert len(truth) == len(rows) + filtered + len(errors)  # produced = output + filtered + errors
+
+
+def test_produced_equals_output_plus_filtered_plus_errors_after_a_sigkill(tmp_path):
+    """The job is killed right after a batch's commits, before its status rows are flushed (about
+    once a second): the next start rebuilds them from the lake, ``filtered`` included."""
+    truth = write_fractions(tmp_path / "in", files=6, rows=200)
+    dropped = sum(1 for num, _ in truth.values() if num < 0)
+    lake = tmp_path / "lake"
+    config = write_config(
+        tmp_path / "p.toml",
+        pipeline={"name": "frac", "lake": "lake", "engine": "local", "batch_interval": 0.1},
+        source={
+            "kind": "files",
+            "path": str(tmp_path / "in"),
+            "max_files_per_batch": 1,
+            "columns": {"num": "int64", "den": "int64"},
+        },
+        outputs={"rows": {"sql": SQL}},
+    )
+    assert reclock_cli("create", str(config)).returncode == 0
+    job = subprocess.Popen(
+        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "frac"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        output = DeltaLog(lake / "frac" / "outputs" / "rows")
+        deadline = time.monotonic() + 120
+        while output.refresh().version < 2 and time.monotonic() < deadline:  # created, then a batch
+            time.sleep(0.01)
+        os.killpg(job.pid, signal.SIGKILL)
+    finally:
+        job.wait(timeout=30)
+    done = reclock_cli("--lake", str(lake), "start", "frac", "--max-seconds", "5", timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    rows = outside(lake, "frac", "outputs", "rows")
+    errors = outside(lake, "frac", "outputs", "_errors")
+    assert len(rows) + len(errors) + dropped == len(truth)
+    batches = [r for r in outside(lake, "_status", "batches") if r["pipeline"] == "frac" and r["state"] == "Succeeded"]
+    assert sum(r["filtered"] or 0 for r in batches) == dropped  # produced = output + filtered + errors
 
 
 def cheap(batch: pa.RecordBatch) -> pa.RecordBatch:

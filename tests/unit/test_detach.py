@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, Field, write_deltalake
 
@@ -69,6 +70,23 @@ def test_an_additive_change_while_detached_then_start_continues_exactly_once(det
     capsys.readouterr()
     assert main(["--lake", "lake", "status", "orders", "--json"]) == 0
     assert '"health": "detached"' not in capsys.readouterr().out
+
+
+def test_an_overwrite_that_keeps_the_schema_is_the_users_rows_and_start_continues_once(detached):
+    """An overwrite (``mode="overwrite"``, same schema) replaces rows, not the table: its commit
+    label survives, so it is accepted like any delete and insert, and loading goes on exactly
+    where it stopped. The user's rows are theirs; reclock adds every later record once."""
+    bids = DeltaTable(str(detached / "bids")).to_pyarrow_table()
+    loaded = set(zip(bids["_partition"].to_pylist(), bids["_offset"].to_pylist(), strict=True))
+    kept = bids.filter(pc.equal(pc.bit_wise_and(bids["_offset"], 1), 0))  # the user keeps even offsets
+    write_deltalake(str(detached / "bids"), kept, mode="overwrite")
+    dropped = loaded - set(zip(kept["_partition"].to_pylist(), kept["_offset"].to_pylist(), strict=True))
+    assert dropped and kept.num_rows
+
+    assert main(["--lake", "lake", "start", "orders"]) == 0
+    seen = _offsets(detached)
+    everything = {(f"gen-{i}", o) for i in (0, 1) for o in range(PER_PARTITION)}
+    assert sorted((p, o) for p, offsets in seen.items() for o in offsets) == sorted(everything - dropped)
 
 
 def _drop_column(outputs) -> None:

@@ -70,9 +70,11 @@ def test_the_package_names_of_sources_and_persist_still_import_from_the_checkout
 def test_no_module_names_a_folder_instead_of_its_package():
     """Docstring references (``:mod:`sources.files.listing```) and imports name the package, so a
     reader can paste them into Python."""
-    pattern = re.compile(r"(?<![\w./-])(?:sources|persist)\.(?:base|decode|files|kafka|generator|pyspark_in"
-                         r"|asof|remap|sink|lake|store|read|layout|lease|conditional|evolution|faults|maintenance"
-                         r"|spark_files|status_tables|windows)\b")
+    pattern = re.compile(
+        r"(?<![\w./-])(?:sources|persist)\.(?:base|decode|files|kafka|generator|pyspark_in"
+        r"|asof|remap|sink|lake|store|read|layout|lease|conditional|evolution|faults|maintenance"
+        r"|spark_files|status_tables|windows)\b"
+    )
     offenders = [
         f"{path.relative_to(ROOT)}:{n}"
         for top in ("reclock", "sources", "persist")

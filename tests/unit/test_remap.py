@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reclock import Frontier
-from reclock.persist.remap import RemapTable, Skip
+from reclock.persist.remap import Redrive, RemapTable, Skip
 from reclock.timeline.bindings import Bindings
 from tests.unit.strategies import binding_lists
 
@@ -88,6 +88,24 @@ def test_a_compacted_table_reclocks_every_record_above_since_as_before_and_mints
     assert reopened.bindings.source_upper_at(4000) == Frontier({0: 30, 1: 15})
     assert reopened.mint(6000, Frontier({0: 70, 1: 35}))
     assert list(RemapTable(tmp_path / "remap").bindings)[-1] == (6000, Frontier({0: 70, 1: 35}))
+
+
+def test_a_redrive_is_minted_with_its_binding_and_survives_compaction_apart_from_skips(tmp_path):
+    """A redrive's binding and the records it lands are one commit; compaction keeps them."""
+    table = RemapTable(tmp_path / "remap")
+    for i in range(1, 4):
+        assert table.mint(1000 * i, Frontier({0: 10 * i}))
+    skip = Skip(3000, 0, 20, 25, "failed")
+    assert table.record_skips([skip]) == [skip]
+    redrives = [Redrive(4000, 0, 3, 5, ()), Redrive(4000, ("t", 1), 7, 8, ("ratio", "big"))]
+    assert table.mint_with_skips(4000, Frontier({0: 30}), [], redrives)
+    assert not table.mint_with_skips(4000, Frontier({0: 30}), [], redrives)  # already bound: nothing twice
+    for view in (table, RemapTable(tmp_path / "remap")):
+        assert view.redrives == redrives and view.skips == [skip]
+        assert list(view.bindings)[-1] == (4000, Frontier({0: 30}))  # time moves, the frontier does not
+    assert table.compact(3000)
+    reopened = RemapTable(tmp_path / "remap")
+    assert reopened.redrives == redrives and reopened.skips == [skip] and reopened.bindings.since == 3000
 
 
 def test_compaction_racing_a_mint_loses_and_changes_nothing(tmp_path):

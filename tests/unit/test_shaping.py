@@ -326,6 +326,19 @@ def test_a_crash_anywhere_replays_to_the_same_rows_and_errors_once(tmp_path, ste
     assert clean["_errors"].num_rows == sum(1 for p in rows.values() for r in p if r["num"] >= 0 and r["den"] == 0)
 
 
+@pytest.mark.parametrize("step", ["committed:m", "committed:_errors"])
+def test_a_batch_replayed_after_a_crash_between_commits_counts_everything_it_filtered(tmp_path, step):
+    """The replay's status row is the batch's only one, so its ``filtered`` must count the rows
+    of outputs the crashed attempt committed too: produced = output + filtered + errors."""
+    shapes = [Shape("m", sql=RATIO), Shape("big", input="m", sql="SELECT num * 10 AS n FROM input WHERE num > 2")]
+    rows = {p: [{"num": (i * 7 + p) % 11 - 2, "den": i % 4} for i in range(40)] for p in (0, 1)}
+    _, replayed = land(tmp_path / "a", shapes, rows, crash=CrashAt(step))
+    _, clean = land(tmp_path / "b", shapes, rows)
+    records = [r for p in rows.values() for r in p]
+    dropped = sum(r["num"] < 0 for r in records) + sum(r["num"] <= 2 for r in records)  # m's WHERE, big's WHERE
+    assert replayed == clean == dropped
+
+
 GENERATOR = """
 [pipeline]
 name = "orders"

@@ -24,7 +24,7 @@ from reclock.sources.base import ERRORS
 from reclock.testing import FakeClock, MemorySource
 
 
-def run_generator_job(tmp_path, **pipeline):
+def run_generator_job(tmp_path, outputs=None, **pipeline):
     config = parse_config(
         {
             "pipeline": {
@@ -35,6 +35,7 @@ def run_generator_job(tmp_path, **pipeline):
                 **pipeline,
             },
             "source": {"kind": "generator", "partitions": 3, "limit": 30_000, "max_split_offsets": 4_000},
+            **({"outputs": outputs} if outputs else {}),
         }
     )
     lifecycle.create(config)
@@ -147,6 +148,33 @@ def test_batch_rows_a_killed_job_never_flushed_are_restored_from_the_lake_on_sta
     again = read_status_table(lake, "batches", "auctions").num_rows
     lifecycle.run(lake, "auctions")
     assert read_status_table(lake, "batches", "auctions").num_rows == again  # nothing restored twice
+
+
+def test_a_restored_batch_row_says_how_many_rows_its_transforms_filtered(tmp_path):
+    """produced = output + filtered + errors holds after a SIGKILL too: the rows a killed job never
+    flushed are restored with ``filtered`` from the batch's commits, also where only the batch's
+    In Progress row had reached the table."""
+    outputs = {"bids": {"sql": "SELECT auction, price FROM input WHERE price > 5000"}}
+    lake, _ = run_generator_job(tmp_path, outputs=outputs)
+    recorded = read_status_table(lake, "batches", "auctions").to_pylist()
+    finished = [r for r in recorded if r["state"] != "In Progress"]
+    total = sum(r["filtered"] or 0 for r in finished)
+    bids = read_table(DeltaTable(str(lake.output_path("auctions", "bids"))))
+    assert total > 0 and bids.num_rows + total == 30_000 * 46 // 50  # every bid landed or filtered
+    ids = sorted({r["batch_id"] for r in recorded})
+    lost = set(ids[1:3] + ids[-2:])
+    ended = ", ".join(map(str, sorted(lost)))
+    DeltaTable(str(lake.root / "_status" / "batches")).delete(f"batch_id IN ({ended}) AND state <> 'In Progress'")
+
+    lifecycle.run(lake, "auctions")  # finished already: it only starts, restores and stops
+
+    rows = [r for r in read_status_table(lake, "batches", "auctions").to_pylist() if r["state"] != "In Progress"]
+    assert {r["batch_id"] for r in rows} == {r["batch_id"] for r in finished}  # In Progress is not an end
+    by_batch = defaultdict(int)
+    for r in rows:
+        by_batch[r["batch_id"]] += r["filtered"] or 0
+    assert all(by_batch[b] == sum(r["filtered"] or 0 for r in finished if r["batch_id"] == b) for b in lost)
+    assert sum(by_batch.values()) == total
 
 
 def test_a_starting_job_says_starting_before_its_data_plane_is_up(tmp_path, monkeypatch):
