@@ -72,7 +72,7 @@ def _offsets(lake: Lake, args: argparse.Namespace) -> int:
             r.latest,
             "all" if r.bound is None else r.bound,
             "all" if r.loaded is None else r.loaded,
-            0 if r.loaded is None else r.latest - r.loaded,
+            r.lag,
             r.skipped,
         ]
         for r in rows

@@ -21,12 +21,13 @@ from dataclasses import asdict, replace
 from types import FrameType
 from typing import Any, TextIO, TypeAlias
 
-from reclock.errors import ConfigError, StorageError
+from reclock.errors import ConfigError, EngineUnavailable, StorageError, describe
 from reclock.job import status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
+from reclock.job.progress import PlainLines, ProgressView, Tracker
 from reclock.job.status import HEARTBEAT_S, Status, write_status
 from reclock.job.status_restore import restore_history
 from reclock.persist.asof import output_upper
@@ -207,12 +208,14 @@ def run(
     lake: Lake,
     name: str,
     *,
-    progress: TextIO | None = None,
+    progress: TextIO | ProgressView | None = None,
     max_seconds: float | None = None,
     metrics_host: str | None = None,
 ) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
 
+    ``progress`` is shown a snapshot per batch (:mod:`reclock.job.progress`): a text stream gets
+    the progress line, a view draws it its own way (the command line's bar on a terminal).
     ``metrics_host`` overrides the definition's ``metrics_host`` for this run. Every line the job
     logs on this thread names the pipeline (:mod:`reclock.runtime.logs`).
     """
@@ -223,7 +226,7 @@ def run(
 
 
 def _run(
-    lake: Lake, name: str, progress: TextIO | None, max_seconds: float | None, metrics_host: str | None
+    lake: Lake, name: str, progress: TextIO | ProgressView | None, max_seconds: float | None, metrics_host: str | None
 ) -> Pipeline:
     config, created_at = load(lake, name)
     if metrics_host is not None:
@@ -242,7 +245,7 @@ def _run_leased(
     config: PipelineConfig,
     created_at: int,
     lease: Lease,
-    progress: TextIO | None,
+    progress: TextIO | ProgressView | None,
     max_seconds: float | None,
 ) -> Pipeline:
     """The job under the pipeline's lease: it checks it before every durable write, so a job that
@@ -251,23 +254,41 @@ def _run_leased(
     # while the data plane starts (a Spark session takes seconds).
     _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
     source = source_of(lake, name, config, created_at)
+    try:
+        data_plane = _data_plane(config, source)
+    except EngineUnavailable as exc:  # said by the command, once; the status keeps it for `reclock status`
+        source.close()
+        _heartbeat(lake, Status(pipeline=name, health=Health.FAILED.value, last_error=describe(exc), pid=os.getpid()))
+        raise
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
     lake.store.delete(stop_file)
     handlers = _on_signals(stop)
+    trackers: list[Tracker] = []  # the progress tracker, once there is a pipeline to track
+
+    def on_step(step: str) -> None:
+        if step == "minted":  # a fresh probe: the lag a progress snapshot shows is current now
+            for tracker in trackers:
+                tracker.probed()
+
     pipeline = Pipeline(
         name,
         lake,
         source,
-        data_plane=_data_plane(config, source),
+        data_plane=data_plane,
         settings=config.settings,
         maintenance=config.maintenance,
         windows=config.windows,
         layouts=config.layouts,
         fence=lease.check,
         shapes=config.shapes,
+        on_step=on_step,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
+    tracker = None
+    if progress is not None:
+        tracker = Tracker(PlainLines(progress) if _is_stream(progress) else progress, pipeline, status)
+        trackers.append(tracker)
 
     def beat() -> None:
         if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
@@ -281,9 +302,7 @@ def _run_leased(
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
     status_rows.record_state(tables, pipeline, config_json)
     restore_history(lake, tables, pipeline)
-    started = time.monotonic()
     first_offsets: dict[str, int] = {}
-    last_health = [pipeline.health]
     metrics = None
     if config.metrics_port is not None:  # prometheus_client costs a second of start-up: only when served
         from reclock.job.metrics import Metrics
@@ -310,9 +329,8 @@ def _run_leased(
             metrics.observe(report)
         _log_batch(report)
         publish(pipeline)
-        if progress is not None and not (report.idle and pipeline.health is last_health[0]):
-            _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
-        last_health[0] = pipeline.health
+        if tracker is not None:
+            tracker.batch(report)
 
     try:
         pipeline.run(
@@ -326,18 +344,21 @@ def _run_leased(
             raise
     finally:
         stop.set()
+        if tracker is not None:  # its last snapshot, while /metrics still answers
+            tracker.close()
         if not lease.lost:  # the pipeline's state is its new driver's to say now
             status_rows.record_state(tables, pipeline, config_json)
         tables.close()
         if metrics is not None:
             metrics.close()
         publish(pipeline)
-        if progress is not None:
-            progress.write("\n")
-            progress.flush()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     return pipeline
+
+
+def _is_stream(progress: TextIO | ProgressView) -> bool:
+    return hasattr(progress, "write")
 
 
 def _log_batch(report: BatchReport) -> None:
@@ -359,9 +380,15 @@ def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
     ship = shipped_packages(source)
 
     def start() -> Any:
-        return spark_session(config.spark_master, config.spark_conf, ship=ship)
+        return spark_session(config.spark_master, config.spark_conf, ship=ship, ui=config.spark_ui)
 
-    plane = StartingSparkDataPlane(start, small_batch_offsets=config.small_batch_offsets)
+    plane = StartingSparkDataPlane(
+        start,
+        small_batch_offsets=config.small_batch_offsets,
+        timeout_s=config.spark_start_timeout_s,
+        master=config.spark_master,
+        warn=config.spark_background_start,
+    )
     if not config.spark_background_start:
         plane.wait()
     return plane
@@ -449,19 +476,3 @@ def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
             name = names[p] = encode_partition(p)
         encoded.append((name, o))
     return json.dumps({"offsets": dict(sorted(encoded))}, separators=(",", ":"))
-
-
-def _progress_line(out: TextIO, pipeline: Pipeline, status: Status, elapsed: float) -> None:
-    rows = sum(status.rows.values())
-    lag = pipeline.lag
-    into = pipeline.resume_upper - 1
-    stamp = time.strftime("%H:%M:%S", time.localtime(into / 1000)) if into > 0 else "-"
-    line = (
-        f"{pipeline.name}  {pipeline.health.value:<8} batches {status.batches:>5}  rows {rows:>12,}"
-        f"  {rows / max(elapsed, 1e-9):>10,.0f} rows/s  lag {lag if lag is not None else '-':>10}  into {stamp}"
-    )
-    if out.isatty():
-        out.write("\r" + line)
-    else:
-        out.write(line + "\n")
-    out.flush()

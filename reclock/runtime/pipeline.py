@@ -63,6 +63,7 @@ from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
 from reclock.sources.base import ERRORS, Source, error_batch
 from reclock.timeline.frontier import Frontier, IntoTime, encode_partition, wall_clock_ms
+from reclock.timeline.lag import total_lag
 from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
@@ -146,12 +147,10 @@ class Pipeline:
 
     @property
     def lag(self) -> int | None:
-        """Offsets the last probe saw that are not yet in every output (``None`` before a probe)."""
+        """Offsets the last probe saw not yet in every output (``None`` before a probe): the one
+        definition of lag (:mod:`reclock.timeline.lag`), which the metrics and ``reclock offsets`` share."""
         probe = self.minter.last_probe
-        if probe is None:
-            return None
-        resume = self.resume_frontier()
-        return 0 if resume.is_closed else resume.count_to(resume.join(probe))
+        return None if probe is None else total_lag(self.resume_frontier(), probe)
 
     @property
     def pending(self) -> bool:
