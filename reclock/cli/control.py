@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
 from reclock.cli import status as cli_status
+from reclock.cli.progress import Steps
 from reclock.job import detach, offset_control, redrive
 from reclock.persist.lake import Lake
 
@@ -106,7 +108,8 @@ def _detach(lake: Lake, args: argparse.Namespace) -> int:
 
 
 def _redrive(lake: Lake, args: argparse.Namespace) -> int:
-    report = redrive.redrive(lake, args.name)
+    with Steps(sys.stdout, f"redrive {args.name}", "records", every_s=1.0) as steps:
+        report = redrive.redrive(lake, args.name, on_progress=steps.update)
     landed = ", ".join(f"{rows} into {output}" for output, rows in sorted(report.landed.items())) or "nothing"
     print(
         f"pipeline {args.name!r}: landed {landed}; still failing {report.still_bad}, landed before {report.already}, "

@@ -274,11 +274,17 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         spark_start_timeout_s=start_timeout,
         spark_ui=ui,
     )
-    from reclock.persist.lake import NAME_PATTERN
+    from reclock.persist.lake import NAME_PATTERN, NAME_RULE
 
     if not NAME_PATTERN.match(name):
-        raise fail("pipeline.name", f"{name!r} must be an identifier of at most 64 characters")
+        raise fail("pipeline.name", f"{name!r} is not an identifier: {NAME_RULE} (such as {_as_name(name)!r})")
     return config
+
+
+def _as_name(text: str) -> str:
+    """``text`` made a name: ``orders-eu`` becomes ``orders_eu``."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text)[:64] or "pipeline"
+    return name if not name[0].isdigit() else f"_{name[:63]}"
 
 
 _LAYOUT_KEYS = ("partition_by", "schema_evolution")

@@ -153,7 +153,13 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
 
 
 def maintain_pipeline(
-    lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_minutes: int | None = None
+    lake: Lake,
+    name: str,
+    *,
+    optimize: bool = True,
+    vacuum: bool = True,
+    history_minutes: int | None = None,
+    on_table: Callable[[str, int, int], None] | None = None,
 ) -> MaintenanceReport:
     """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
 
@@ -171,7 +177,15 @@ def maintain_pipeline(
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name), lake.store)
         return maintain_tables(
-            remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum, fence=lease.check
+            remap,
+            outputs,
+            upper,
+            wall_clock_ms(),
+            policy,
+            optimize=optimize,
+            vacuum=vacuum,
+            fence=lease.check,
+            on_table=on_table,
         )
     finally:
         lease.release()
@@ -308,7 +322,17 @@ def _run_leased(
         from reclock.job.metrics import Metrics
 
         metrics = Metrics(pipeline)
-        status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
+        try:
+            status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
+        except OSError as exc:  # a port in use, an address this machine does not have
+            source.close()
+            refusal = ConfigError(
+                "pipeline.metrics_port",
+                f"cannot serve /metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
+                "choose another metrics_port (0 picks a free one) or metrics_host (reclock start --metrics-host)",
+            )
+            _heartbeat(lake, replace(status, health=Health.FAILED.value, last_error=str(refusal)))
+            raise refusal from None
     log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
     names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier

@@ -21,6 +21,7 @@ are partitioned outputs (their files are cut by partition in the batch's write).
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -53,8 +54,11 @@ class RedriveReport:
     gone: int = 0  # the source no longer has them (Kafka retention, a deleted file)
 
 
-def redrive(lake: Lake, name: str) -> RedriveReport:
-    """Land what the current definition decodes of the stopped pipeline's failed records."""
+def redrive(lake: Lake, name: str, on_progress: Callable[[int, int], None] | None = None) -> RedriveReport:
+    """Land what the current definition decodes of the stopped pipeline's failed records.
+
+    ``on_progress(done, total)`` hears how many of the failed records were read again so far.
+    """
     config, created_at = load(lake, name)
     lease = exclusive(lake, name)
     try:
@@ -65,7 +69,7 @@ def redrive(lake: Lake, name: str) -> RedriveReport:
         source = lifecycle.source_of(lake, name, config, created_at)
         try:
             bound = RemapTable(lake.remap_path(name), lake.store).bindings.frontier
-            decoded = _read_again(source, failed, bound, report)
+            decoded = _read_again(source, failed, bound, report, on_progress or (lambda done, total: None))
             outputs = {o.name: o for o in source.outputs()}
         finally:
             source.close()
@@ -99,7 +103,11 @@ def _failed_records(lake: Lake, name: str) -> dict[tuple[Partition, int], int]:
 
 
 def _read_again(
-    source: Source, failed: dict[tuple[Partition, int], int], bound: Frontier, report: RedriveReport
+    source: Source,
+    failed: dict[tuple[Partition, int], int],
+    bound: Frontier,
+    report: RedriveReport,
+    on_progress: Callable[[int, int], None],
 ) -> dict[str, pa.Table]:
     """The failed records read and decoded again, as output rows stamped with their old into time.
 
@@ -111,19 +119,19 @@ def _read_again(
         by_partition[partition].append(offset)
     schemas = {o.name: table_schema(o.schema) for o in source.outputs()}
     pieces: dict[str, list[pa.Table]] = defaultdict(list)
-    decoded = gone = 0
+    decoded = gone = done = 0
     for partition, offsets in by_partition.items():
         if isinstance(source, SettableOffsets):
-            ranges = [(o, o + 1) for o in sorted(offsets)]
+            ranges, each = [(o, o + 1) for o in sorted(offsets)], 1
         else:
-            ranges = [(0, bound.offset(partition))]
+            ranges, each = [(0, bound.offset(partition))], len(offsets)
         for start, end in ranges:
             try:
                 splits = source.splits(Frontier({partition: start}), Frontier({partition: end}))
                 batches = [b for split in splits for b in source.read(split)]
             except Exception:  # the source lost them (retention, a deleted file): counted, not fatal
                 gone += sum(start <= o < end for o in offsets)
-                continue
+                batches = []
             for output, batch in batches:
                 if output == ERRORS:
                     continue
@@ -137,6 +145,8 @@ def _read_again(
                 into = pa.array([failed[key] for key, k in zip(keys, keep, strict=True) if k], pa.int64())
                 pieces[output].append(output_rows(batch.filter(pa.array(keep)), into, schemas[output]))
                 decoded += sum(keep)
+            done += each
+            on_progress(done, len(failed))
     report.gone = gone
     report.still_bad = len(failed) - decoded - gone
     return {output: pa.concat_tables(tables) for output, tables in pieces.items()}

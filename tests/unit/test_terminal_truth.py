@@ -8,6 +8,7 @@ starts a JVM: a Spark master that cannot be reached is refused before Spark is s
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -106,3 +107,85 @@ def test_the_spark_ui_is_a_documented_setting_off_by_default(tmp_path):
     assert config.spark_ui is True and config.to_dict()["spark"]["ui"] is True
     path.write_text(GENERATOR.format(name="o", lake=tmp_path / "lake", engine="spark", limit=10))
     assert "ui" not in load_config(path).to_dict()["spark"]  # older definitions compare equal
+
+
+def test_stop_of_a_pipeline_that_is_not_running_says_so_and_leaves_no_marker(tmp_path):
+    lake = created(tmp_path)
+    result = reclock_in_process("--lake", lake, "stop", "orders")
+    assert (
+        result.returncode == 0
+        and result.stdout == "pipeline 'orders' is not running (it is created); nothing to stop\n"
+    )
+    assert "asked" not in result.stdout + result.stderr
+    assert not (tmp_path / "lake" / "orders" / "control" / "stop").exists()
+
+
+def test_start_of_a_finished_pipeline_says_it_has_finished(tmp_path):
+    lake = created(tmp_path)
+    first = reclock_in_process("--lake", lake, "start", "orders")
+    assert first.returncode == 0 and "batches" in first.stdout and "has finished" not in first.stdout
+    again = reclock_in_process("--lake", lake, "start", "orders")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "pipeline 'orders' has finished: its bounded source is in every output; nothing to do\n"
+
+
+@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["status", "orders"], ["batches", "orders"]])
+def test_a_lake_that_does_not_exist_is_a_mistake_not_an_empty_lake(tmp_path, command):
+    created(tmp_path)
+    result = reclock_in_process("--lake", str(tmp_path / "laek"), *command)
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"reclock: config error: --lake: there is no lake at {tmp_path / 'laek'}: check --lake and $RECLOCK_LAKE "
+        "(reclock create makes a lake)\n"
+    )
+    (tmp_path / "empty").mkdir()  # an empty lake that exists is just that
+    empty = reclock_in_process("--lake", str(tmp_path / "empty"), "status")
+    assert (empty.returncode, empty.stdout) == (0, f"no pipelines in {tmp_path / 'empty'}\n")
+
+
+def test_a_metrics_port_in_use_is_one_line_naming_the_port_and_the_setting(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        lake = created(tmp_path)
+        definition = tmp_path / "orders.toml"
+        definition.write_text(
+            definition.read_text().replace("max_batch = 2000", f"max_batch = 2000\nmetrics_port = {port}")
+        )
+        assert reclock_in_process("create", "--replace", str(definition)).returncode == 0
+        result = reclock_in_process("--lake", lake, "start", "orders")
+    assert result.returncode == 2, result
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"pipeline.metrics_port: cannot serve /metrics on 127.0.0.1:{port}: Address already in use" in result.stderr
+    assert "0 picks a free one" in result.stderr
+    status = status_of(lake, "orders")
+    assert status["health"] == "failed" and f"127.0.0.1:{port}" in status["last_error"], status
+
+
+def test_a_name_that_is_refused_says_what_a_name_may_be(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(GENERATOR.format(name="orders-eu", lake=tmp_path / "lake", engine="local", limit=10))
+    result = reclock_in_process("create", str(path))
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"reclock: config error: {path}: pipeline.name: 'orders-eu' is not an identifier: use letters, digits and _, "
+        "starting with a letter or _, at most 64 characters (such as 'orders_eu')\n"
+    )
+
+
+def test_as_of_at_takes_iso_8601_as_well_as_milliseconds(tmp_path):
+    lake = created(tmp_path)
+    assert reclock_in_process("--lake", lake, "start", "orders").returncode == 0
+    rows = {}
+    for at in ("2030-01-01T00:00:00Z", "2030-01-01T01:00:00+01:00", "1893456000000"):
+        result = reclock_in_process("--lake", lake, "as-of", "orders", "--at", at, "--json")
+        assert result.returncode == 0, result.stderr
+        cut = json.loads(result.stdout)
+        assert cut["as_of"] == 1_893_456_000_000  # 2030-01-01 00:00 UTC
+        rows[at] = cut["pipelines"]["orders"]
+    assert len({json.dumps(r, sort_keys=True) for r in rows.values()}) == 1
+    assert sum(rows["1893456000000"].values()) == 4000
+    bad = reclock_in_process("--lake", lake, "as-of", "orders", "--at", "yesterday")
+    assert bad.returncode == 2 and "ISO-8601" in bad.stderr and "'yesterday'" in bad.stderr
