@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from types import FrameType
@@ -28,8 +27,9 @@ from reclock.job.control import exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.job.progress import PlainLines, ProgressView, Tracker
-from reclock.job.status import HEARTBEAT_S, Status, write_status
+from reclock.job.status import Status, write_status
 from reclock.job.status_restore import restore_history
+from reclock.job.watch import watch
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.lease import Lease
@@ -308,9 +308,20 @@ def _run_leased(
         if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
             _heartbeat(lake, status)
 
-    watcher = threading.Thread(
-        target=_watch, args=(lambda: lake.store.exists(stop_file), stop, max_seconds, beat), daemon=True
-    )
+    def slow(waited: float) -> None:  # the loop waits in the probe: the snapshot is the watcher's to say
+        error = (
+            f"the {config.source['kind']} source has not answered for {waited:.0f} s (down, or unreachable?); "
+            "the job waits for it and goes on when it answers"
+        )
+        log.warning("pipeline %s: stalled: %s", name, error)
+        if not lease.lost:
+            with _status_lock:
+                status.health, status.last_error = Health.STALLED.value, error
+            _heartbeat(lake, status)
+
+    asked = functools.partial(lake.store.exists, stop_file)
+    probing = pipeline.minter.probing_for
+    watcher = threading.Thread(target=watch, args=(asked, stop, max_seconds, beat, probing, slow), daemon=True)
     watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
@@ -425,29 +436,6 @@ def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, lambda *_: stop.set())
     return previous
-
-
-def _watch(
-    stop_requested: Callable[[], bool], stop: threading.Event, max_seconds: float | None, beat: Callable[[], None]
-) -> None:
-    """Stop on request or deadline; keep the status snapshot fresh while a batch or backoff runs."""
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    next_beat = time.monotonic() + HEARTBEAT_S
-    while not stop.wait(0.2):
-        if _asked(stop_requested) or (deadline is not None and time.monotonic() > deadline):
-            stop.set()
-        if time.monotonic() >= next_beat:
-            beat()
-            next_beat = time.monotonic() + HEARTBEAT_S
-
-
-def _asked(stop_requested: Callable[[], bool]) -> bool:
-    """Whether a stop was requested; a lake that cannot be asked now (a network blip) has not."""
-    try:
-        return stop_requested()
-    except OSError as exc:
-        log.info("could not look for a stop request: %s", exc)
-        return False
 
 
 _status_lock = threading.Lock()

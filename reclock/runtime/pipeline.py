@@ -47,7 +47,7 @@ from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.runtime.failures import Verdict, decide
-from reclock.runtime.health import Health
+from reclock.runtime.health import Health, after_batch
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
@@ -343,8 +343,8 @@ class Pipeline:
                 self._backoff(stop, stalls)
                 continue
             attempts = stalls = 0
-            self.health = Health.RUNNING
-            self.last_error = None
+            now = (self.health, self.last_error)
+            self.health, self.last_error = after_batch(self.name, report, self.sinks[ERRORS].path, self.lake.store, now)
             observe(report)
             if report.idle and not self.finished:
                 stop.wait(self.settings.batch_interval)

@@ -7,6 +7,7 @@ starts a JVM: a Spark master that cannot be reached is refused before Spark is s
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
@@ -14,6 +15,9 @@ import time
 
 import pytest
 
+from reclock.job import lifecycle
+from reclock.job.status import read_status
+from reclock.persist.lake import Lake
 from tests.cli import reclock_in_process
 
 GENERATOR = """
@@ -189,3 +193,86 @@ def test_as_of_at_takes_iso_8601_as_well_as_milliseconds(tmp_path):
     assert sum(rows["1893456000000"].values()) == 4000
     bad = reclock_in_process("--lake", lake, "as-of", "orders", "--at", "yesterday")
     assert bad.returncode == 2 and "ISO-8601" in bad.stderr and "'yesterday'" in bad.stderr
+
+
+FAILING_TRANSFORMS = "".join(
+    f'\n[outputs.{output}]\nsql = "SELECT id / 0 AS broken FROM input"\n' for output in ("persons", "auctions")
+) + '\n[outputs.bids]\nsql = "SELECT auction / 0 AS broken FROM input"\n'
+
+
+class Statuses(io.StringIO):
+    """The job's progress stream, reading ``status.json`` as each line is drawn (the job publishes first)."""
+
+    def __init__(self, lake: str) -> None:
+        super().__init__()
+        self.lake = Lake.at(lake)
+        self.seen: list[tuple[str, dict]] = []
+
+    def write(self, text: str) -> int:
+        if text.strip():  # the progress line: "orders  <health>  batches ..."
+            self.seen.append((text.split()[1], read_status(self.lake, "orders")))
+        return super().write(text)
+
+
+def test_a_transform_that_fails_on_every_row_leaves_the_pipeline_degraded_with_the_error(tmp_path, caplog):
+    lake = created(tmp_path, extra=FAILING_TRANSFORMS)
+    definition = tmp_path / "orders.toml"
+    definition.write_text(definition.read_text().replace("limit = 4000", "rate = 4000"))
+    assert reclock_in_process("create", "--replace", str(definition)).returncode == 0
+    view = Statuses(lake)
+    pipeline = lifecycle.run(view.lake, "orders", progress=view, max_seconds=2)
+    assert view.seen, "the job drew no snapshot"
+    for health, status in view.seen:  # every batch sent all its records to _errors
+        assert health == status["health"] == "degraded", (health, status)
+        assert status["last_error"].startswith("every record of batch "), status
+        assert "Divide by zero" in status["last_error"] and "reclock redrive orders" in status["last_error"]
+    assert "degraded: every record of batch" in caplog.text
+    # Stopped, it still says why nothing landed; and nothing was lost.
+    status = status_of(lake, "orders")
+    assert status["health"] == "stopped" and status["last_error"].startswith("every record of batch "), status
+    assert status["outputs"]["_errors"][0] > 0
+    assert all(rows == 0 for output, (rows, _) in status["outputs"].items() if output != "_errors"), status
+    assert not pipeline.finished
+
+
+def test_a_transform_that_fails_on_some_rows_leaves_the_pipeline_running(tmp_path):
+    some = '\n[outputs.bids]\nsql = "SELECT 100 / (auction % 2) AS half FROM input"\n'
+    lake = created(tmp_path, limit=4000, extra=some)
+    assert reclock_in_process("--lake", lake, "start", "orders").returncode == 0
+    status = status_of(lake, "orders")
+    assert status["health"] == "stopped" and status["last_error"] is None, status
+    assert 0 < status["outputs"]["_errors"][0] < 4000
+
+
+def test_a_broker_that_cannot_be_reached_is_said_within_seconds_not_after_its_timeout(tmp_path, caplog):
+    """Nothing listens on the port: the Kafka probe waits out read_timeout_s (30 s) to bootstrap.
+    The job says the source does not answer after SLOW_PROBE_S, in its log and in its status."""
+    from reclock.job.watch import SLOW_PROBE_S
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    lake = tmp_path / "lake"
+    path = tmp_path / "k.toml"
+    path.write_text(
+        f'[pipeline]\nname = "k"\nlake = "{lake}"\nengine = "local"\n\n'
+        f'[source]\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:{port}"\ntopics = ["orders"]\n'
+    )
+    assert reclock_in_process("create", str(path)).returncode == 0
+    began = time.monotonic()
+    job = threading.Thread(target=lifecycle.run, args=(Lake.at(str(lake)), "k"), kwargs={"max_seconds": 25})
+    job.start()
+    try:
+        status: dict = {}
+        while time.monotonic() - began < 20 and status.get("health") != "stalled":
+            time.sleep(0.2)
+            status = read_status(Lake.at(str(lake)), "k") or {}
+        took = time.monotonic() - began
+        assert status.get("health") == "stalled", status
+        assert took < SLOW_PROBE_S + 5, f"said after {took:.1f} s"
+        assert status["last_error"].startswith("the kafka source has not answered for 5 s"), status
+        assert "stalled: the kafka source has not answered" in caplog.text
+    finally:
+        lifecycle.request_stop(Lake.at(str(lake)), "k")
+        job.join(30)
+    assert not job.is_alive()
