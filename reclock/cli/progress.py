@@ -9,6 +9,8 @@ small steps, such as records), so a log holds no escape codes and no carriage re
 
 from __future__ import annotations
 
+import io
+import os
 import time
 from typing import TextIO
 
@@ -51,7 +53,7 @@ class _JobBar:
         assert self._task is not None
         rate = p.rows / max(p.elapsed_s, 1e-9)
         lag = "-" if p.lag is None else f"{p.lag:,}"
-        note = f"{p.health}  batches {p.batches:,}  rows {p.rows:,}  {rate:,.0f} rows/s  lag {lag}"
+        note = f"{p.health}  batches {p.batches:,}  rows {p.rows:,}  {rate:,.0f} rows/s  lag {lag}"  # as the line
         self._progress.update(self._task, completed=p.loaded, total=p.backlog, note=note)
 
     def close(self) -> None:
@@ -95,16 +97,24 @@ class Steps:
             self._progress.stop()
 
 
+def _width(out: TextIO) -> int | None:
+    """The columns of ``out``'s own terminal (rich asks the process's stdin and stdout, which need not be it)."""
+    try:
+        return os.get_terminal_size(out.fileno()).columns or None
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
+
+
 def _bar(out: TextIO, unit: str) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=30),
         MofNCompleteColumn(),
         TextColumn(unit),
         TimeElapsedColumn(),
         TextColumn("ETA"),
         TimeRemainingColumn(),
         TextColumn("{task.fields[note]}"),
-        console=Console(file=out, force_terminal=True),
+        console=Console(file=out, force_terminal=True, width=_width(out)),
         refresh_per_second=4,
     )

@@ -76,7 +76,7 @@ class PlainLines:
         self._drawn = True
 
     def close(self) -> None:
-        if self._drawn:
+        if self._drawn and self.out.isatty():  # end the line drawn in place
             self.out.write("\n")
             self.out.flush()
 
