@@ -26,10 +26,13 @@ from typing import Any
 from reclock.errors import ConfigError
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 
-__all__ = ["NAME_PATTERN", "Lake", "sink_id"]
+__all__ = ["NAME_PATTERN", "NAME_RULE", "Lake", "sink_id"]
 
-#: Pipeline and output names: identifiers, so they are safe as folder and column-free table names.
+#: Pipeline and output names: identifiers, so they are safe as folder and column-free table names,
+#: in Delta transaction ids and as SQL table names of shaped outputs, unquoted.
 NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+#: :data:`NAME_PATTERN` in words, for the error that refuses a name.
+NAME_RULE = "use letters, digits and _, starting with a letter or _, at most 64 characters"
 
 
 def sink_id(pipeline: str, output: str) -> str:
@@ -93,6 +96,16 @@ class Lake:
 
     def status_path(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "status.json"
+
+    def exists(self) -> bool:
+        """Whether anything is stored at the lake's root: a folder there, or objects under the prefix.
+
+        A mistyped ``--lake`` must not read as an empty lake ("no pipelines"), which it cannot be
+        told from otherwise.
+        """
+        if isinstance(self.root, Path):
+            return self.root.is_dir()
+        return bool(self.store.folders(self.root))
 
     def pipelines(self) -> list[str]:
         """Names of the pipelines created in this lake, sorted."""

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "ContractError",
     "DefiniteSourceError",
+    "EngineUnavailable",
     "ErrorKind",
     "FencedError",
     "ReclockError",
@@ -42,6 +43,15 @@ class DefiniteSourceError(ReclockError):
     """The source can never make progress again as configured (topic deleted, offsets lost).
 
     Retrying does not help, so the pipeline fails instead of stalling.
+    """
+
+
+class EngineUnavailable(DefiniteSourceError):
+    """The configured data plane cannot start (a Spark master that cannot be reached, a session
+    that did not come up in ``[spark] start_timeout_seconds``).
+
+    Definite like a lost source: the pipeline fails at once with one line naming the setting to
+    fix, instead of retrying a batch whose every attempt would fail with the same Java text.
     """
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 
 from reclock.cli import status as cli_status
+from reclock.cli.progress import job_view
 from reclock.job import detach, offset_control, redrive
 from reclock.persist.lake import Lake
 
@@ -74,7 +76,7 @@ def _offsets(lake: Lake, args: argparse.Namespace) -> int:
             r.latest,
             "all" if r.bound is None else r.bound,
             "all" if r.loaded is None else r.loaded,
-            0 if r.loaded is None else r.latest - r.loaded,
+            r.lag,
             r.skipped,
         ]
         for r in rows
@@ -108,7 +110,7 @@ def _detach(lake: Lake, args: argparse.Namespace) -> int:
 
 
 def _redrive(lake: Lake, args: argparse.Namespace) -> int:
-    report = redrive.redrive(lake, args.name)
+    report = redrive.redrive(lake, args.name, progress=job_view(sys.stdout))  # the landing job's progress
     if report.pending:
         print(
             f"pipeline {args.name!r}: redrive requested in batch {report.binding_ts}; the next batch of the pipeline "

@@ -8,6 +8,7 @@ piped into a reader that stops early (``reclock status | head -1``) ends quietly
 from __future__ import annotations
 
 import argparse
+import datetime
 import importlib.metadata
 import math
 import os
@@ -20,10 +21,12 @@ from typing import NoReturn
 
 from reclock.cli import control as cli_control
 from reclock.cli import status as cli_status
+from reclock.cli.progress import Steps, job_view
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.job import lifecycle
 from reclock.job.config import expand_storage_options, load_config
-from reclock.job.status import DEAD, read_status
+from reclock.job.progress import JobProgress, ProgressView
+from reclock.job.status import DEAD, job_alive, read_status
 from reclock.persist.asof import read_as_of
 from reclock.persist.lake import Lake
 from reclock.runtime import logs
@@ -116,6 +119,20 @@ def _count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a whole number >= 0, got {text!r}")
     return value
+
+
+def _into_time(text: str) -> int:
+    """``--at``: milliseconds since the epoch, or an ISO-8601 time (local time if it names no zone,
+    as every table reclock prints shows local times)."""
+    if text.strip().isdigit():
+        return int(text)
+    try:
+        moment = datetime.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be ms since the epoch or an ISO-8601 time such as 2026-11-25T08:30:00Z, got {text!r}"
+        ) from None
+    return round(moment.timestamp() * 1000)  # a naive time is local: timestamp() says so too
 
 
 def _from_env(env: str, normal: Callable[[str], str], default: str) -> str:
@@ -217,7 +234,11 @@ def _parser() -> argparse.ArgumentParser:
     as_of = commands.add_parser("as-of", help="one consistent cut across pipelines: every output at one into time")
     as_of.add_argument("names", nargs="+", metavar="name")
     as_of.add_argument(
-        "--at", type=_count, default=None, help="into time in ms (default: the newest time with a consistent cut)"
+        "--at",
+        type=_into_time,
+        default=None,
+        help="into time: ms since the epoch, or ISO-8601 such as 2026-11-25T08:30:00Z (local time without a zone; "
+        "default: the newest time with a consistent cut)",
     )
     as_of.add_argument("--json", action="store_true", help="machine-readable output")
     as_of.set_defaults(func=lambda args: cli_status.as_of(_lake(args), args))
@@ -267,11 +288,34 @@ def _create(args: argparse.Namespace) -> int:
 
 def _start(args: argparse.Namespace) -> int:
     lake = _lake(args)
+    view = job_view(sys.stdout)
+    shown: list[object] = []
     pipeline = lifecycle.run(
-        lake, args.name, progress=sys.stdout, max_seconds=args.max_seconds, metrics_host=args.metrics_host
+        lake,
+        args.name,
+        progress=_Heard(view, shown),
+        max_seconds=args.max_seconds,
+        metrics_host=args.metrics_host,
     )
+    if pipeline.finished and not shown:  # it ran no batch at all
+        print(f"pipeline {args.name!r} has finished: its bounded source is in every output; nothing to do")
     # A failure is said once: the pipeline logs it at ERROR, which the command always shows.
     return 1 if pipeline.health is Health.FAILED else 0
+
+
+class _Heard:
+    """A progress view that notes whether the job showed anything, for :func:`_start`."""
+
+    def __init__(self, view: ProgressView, shown: list[object]) -> None:
+        self.view = view
+        self.shown = shown
+
+    def show(self, progress: JobProgress) -> None:
+        self.shown.append(progress)
+        self.view.show(progress)
+
+    def close(self) -> None:
+        self.view.close()
 
 
 def _drop_file(args: argparse.Namespace) -> int:
@@ -283,9 +327,16 @@ def _drop_file(args: argparse.Namespace) -> int:
 
 
 def _maintain(args: argparse.Namespace) -> int:
-    report = lifecycle.maintain_pipeline(
-        _lake(args), args.name, optimize=args.optimize, vacuum=args.vacuum, history_minutes=args.history_minutes
-    )
+    what = "optimize" if args.optimize else "vacuum"
+    with Steps(sys.stdout, f"{what} {args.name}", "tables") as steps:
+        report = lifecycle.maintain_pipeline(
+            _lake(args),
+            args.name,
+            optimize=args.optimize,
+            vacuum=args.vacuum,
+            history_minutes=args.history_minutes,
+            on_table=lambda table, done, total: steps.update(done, total, table),
+        )
     if args.optimize:
         merged = sum(report.optimized.values())
         print(
@@ -304,6 +355,11 @@ def _maintain(args: argparse.Namespace) -> int:
 def _stop(args: argparse.Namespace) -> int:
     lake = _lake(args)
     lifecycle.load(lake, args.name)
+    if not job_alive(lake, args.name):  # nothing would read the marker: say so instead of "asked"
+        health = (read_status(lake, args.name) or {}).get("health", "created")
+        # Exit 0, like `systemctl stop` of a stopped unit: what was asked for, not running, holds.
+        print(f"pipeline {args.name!r} is not running (it is {health}); nothing to stop")
+        return 0
     lifecycle.request_stop(lake, args.name)
     print(f"asked pipeline {args.name!r} to stop after its in-flight batch")
     deadline = time.monotonic() + args.wait

@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import pyarrow as pa
 
-from reclock.job import detach, lifecycle
+from reclock.job import control, detach, lifecycle
 from reclock.job.status import read_status
 from reclock.persist.asof import CLOSED_UPPER, latest_cut, read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
@@ -134,6 +134,8 @@ def status(lake: Lake, args: argparse.Namespace) -> int:
     names = [args.name] if args.name else lake.pipelines()
     if args.name:
         lifecycle.load(lake, args.name)
+    if not names and not lake.exists():
+        raise control.missing_lake(lake)
     rows = [_pipeline_status(lake, name) for name in names]
     if args.json:
         print(json.dumps(rows, indent=1))

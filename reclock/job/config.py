@@ -82,6 +82,9 @@ _RECORD_ERROR = "on_record_error"
 _PIPELINE_KEYS = ("name", "lake", "engine", "status_retention_days", _RECORD_ERROR, *_METRICS_KEYS)
 _MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+#: Seconds a job waits for its Spark session: a local one starts in 5-20 s on a loaded machine.
+DEFAULT_SPARK_START_TIMEOUT_S = 120.0
+_SPARK_KEYS = {"master", "conf", "small_batch_offsets", "background_start", "start_timeout_seconds", "ui"}
 
 
 @dataclass(frozen=True)
@@ -113,6 +116,10 @@ class PipelineConfig:
     #: What a record that cannot be decoded does: lands in ``_errors`` (``skip``) or fails the
     #: batch (``fail``). Written in ``[pipeline]``, or in ``[source]`` where it stays as written.
     on_record_error: RecordErrorPolicy = "skip"
+    #: ``[spark] start_timeout_seconds``: how long the job waits for its Spark session before failing.
+    spark_start_timeout_s: float = DEFAULT_SPARK_START_TIMEOUT_S
+    #: ``[spark] ui``: serve Spark's own web UI (off: a web server and a port nobody asked for).
+    spark_ui: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The stored definition: exactly what a TOML file with these values would say, less
@@ -138,7 +145,14 @@ class PipelineConfig:
                     "conf": dict(self.spark_conf),
                     "small_batch_offsets": self.small_batch_offsets,
                     "background_start": self.spark_background_start,
-                },
+                }
+                # stored only when set, so older definitions compare equal
+                | ({"ui": True} if self.spark_ui else {})
+                | (
+                    {"start_timeout_seconds": self.spark_start_timeout_s}
+                    if self.spark_start_timeout_s != DEFAULT_SPARK_START_TIMEOUT_S
+                    else {}
+                ),
                 "maintenance": {f.name: getattr(self.maintenance, f.name) for f in fields(Maintenance)},
                 "source": dict(self.source),
                 **({"outputs": outputs} if (outputs := _outputs_to_dict(self.layouts, self.shapes)) else {}),
@@ -191,7 +205,7 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         raise fail("lease.ttl_seconds", f"must be a finite number of seconds >= {_MIN_TTL_S:g}, got {ttl!r}")
     source = dict(_section(raw, "source", fail, required=True))
     _only(pipeline, {*_PIPELINE_KEYS, *(f.name for f in fields(Settings))}, "pipeline.", fail)
-    _only(spark, {"master", "conf", "small_batch_offsets", "background_start"}, "spark.", fail)
+    _only(spark, _SPARK_KEYS, "spark.", fail)
 
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
     lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
@@ -223,6 +237,10 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     if small < 0:
         raise fail("spark.small_batch_offsets", "must be >= 0 (0 sends every batch to Spark)")
     background = _typed(spark, "background_start", bool, "spark.", fail, default=True)
+    start_timeout = _typed(spark, "start_timeout_seconds", float, "spark.", fail, default=DEFAULT_SPARK_START_TIMEOUT_S)
+    if not 0 < start_timeout < math.inf:
+        raise fail("spark.start_timeout_seconds", f"must be a finite number of seconds > 0, got {start_timeout!r}")
+    ui = _typed(spark, "ui", bool, "spark.", fail, default=False)
     conf = spark.get("conf", {})
     if not isinstance(conf, Mapping):
         raise fail("spark.conf", "must be a table of Spark settings")
@@ -253,12 +271,20 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         metrics_host=metrics_host,
         shapes=shapes,
         on_record_error=on_record_error,
+        spark_start_timeout_s=start_timeout,
+        spark_ui=ui,
     )
-    from reclock.persist.lake import NAME_PATTERN
+    from reclock.persist.lake import NAME_PATTERN, NAME_RULE
 
     if not NAME_PATTERN.match(name):
-        raise fail("pipeline.name", f"{name!r} must be an identifier of at most 64 characters")
+        raise fail("pipeline.name", f"{name!r} is not an identifier: {NAME_RULE} (such as {_as_name(name)!r})")
     return config
+
+
+def _as_name(text: str) -> str:
+    """``text`` made a name: ``orders-eu`` becomes ``orders_eu``."""
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text)[:64] or "pipeline"
+    return name if not name[0].isdigit() else f"_{name[:63]}"
 
 
 _LAYOUT_KEYS = ("partition_by", "schema_evolution")

@@ -16,16 +16,26 @@ from reclock.job.config import PipelineConfig, parse_config
 from reclock.persist.lake import Lake
 from reclock.persist.lease import Lease
 
-__all__ = ["exclusive", "exclusive_after_stop", "load", "request_stop"]
+__all__ = ["exclusive", "exclusive_after_stop", "load", "missing_lake", "request_stop"]
 
 
 def load(lake: Lake, name: str) -> tuple[PipelineConfig, int]:
     path = lake.definition_path(name)
     if not lake.store.exists(path):
+        if not lake.exists():
+            raise missing_lake(lake)
         known = ", ".join(lake.pipelines()) or "none"
         raise ConfigError("name", f"no pipeline {name!r} in lake {lake.root} (known: {known})")
     stored = json.loads(lake.store.read_text(path))
     return parse_config(stored["definition"], file=str(path)), stored["created_at_ms"]
+
+
+def missing_lake(lake: Lake) -> ConfigError:
+    """The error of a command pointed at a lake that does not exist (a typo in ``--lake``)."""
+    return ConfigError(
+        "--lake",
+        f"there is no lake at {lake.root}: check --lake and $RECLOCK_LAKE (reclock create makes a lake)",
+    )
 
 
 def request_stop(lake: Lake, name: str) -> None:

@@ -15,20 +15,21 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from types import FrameType
 from typing import Any, TextIO, TypeAlias
 
-from reclock.errors import ConfigError, ReclockError, StorageError
+from reclock.errors import ConfigError, EngineUnavailable, ReclockError, StorageError, describe
 from reclock.job import status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
-from reclock.job.status import HEARTBEAT_S, Status, write_status
+from reclock.job.progress import PlainLines, ProgressView, Tracker
+from reclock.job.status import Status, write_status
 from reclock.job.status_restore import restore_history
+from reclock.job.watch import watch
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.lease import Lease
@@ -176,7 +177,13 @@ def drop_file(lake: Lake, name: str, path: str) -> int:
 
 
 def maintain_pipeline(
-    lake: Lake, name: str, *, optimize: bool = True, vacuum: bool = True, history_minutes: int | None = None
+    lake: Lake,
+    name: str,
+    *,
+    optimize: bool = True,
+    vacuum: bool = True,
+    history_minutes: int | None = None,
+    on_table: Callable[[str, int, int], None] | None = None,
 ) -> MaintenanceReport:
     """``reclock optimize`` / ``reclock vacuum``: one maintenance pass on a pipeline that is not running.
 
@@ -194,7 +201,15 @@ def maintain_pipeline(
         upper = resume_upper(output_upper(path, sink_id(name, o), lake.store) for o, path in outputs.items())
         remap = RemapTable(lake.remap_path(name), lake.store)
         return maintain_tables(
-            remap, outputs, upper, wall_clock_ms(), policy, optimize=optimize, vacuum=vacuum, fence=lease.check
+            remap,
+            outputs,
+            upper,
+            wall_clock_ms(),
+            policy,
+            optimize=optimize,
+            vacuum=vacuum,
+            fence=lease.check,
+            on_table=on_table,
         )
     finally:
         lease.release()
@@ -231,13 +246,15 @@ def run(
     lake: Lake,
     name: str,
     *,
-    progress: TextIO | None = None,
+    progress: TextIO | ProgressView | None = None,
     max_seconds: float | None = None,
     metrics_host: str | None = None,
     until: IntoTime | None = None,
 ) -> Pipeline:
     """Run the stored pipeline ``name`` until it finishes, is stopped, or ``max_seconds`` pass.
 
+    ``progress`` is shown a snapshot per batch (:mod:`reclock.job.progress`): a text stream gets
+    the progress line, a view draws it its own way (the command line's bar on a terminal).
     ``metrics_host`` overrides the definition's ``metrics_host`` for this run. With ``until``
     the run also stops once every output holds that binding (``reclock redrive`` lands its
     request so). Every line the job logs on this thread names the pipeline (:mod:`reclock.runtime.logs`).
@@ -251,7 +268,7 @@ def run(
 def _run(
     lake: Lake,
     name: str,
-    progress: TextIO | None,
+    progress: TextIO | ProgressView | None,
     max_seconds: float | None,
     metrics_host: str | None,
     until: IntoTime | None,
@@ -273,7 +290,7 @@ def _run_leased(
     config: PipelineConfig,
     created_at: int,
     lease: Lease,
-    progress: TextIO | None,
+    progress: TextIO | ProgressView | None,
     max_seconds: float | None,
     until: IntoTime | None = None,
 ) -> Pipeline:
@@ -283,45 +300,82 @@ def _run_leased(
     # while the data plane starts (a Spark session takes seconds).
     _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
     source = source_of(lake, name, config, created_at)
+    try:
+        data_plane = _data_plane(config, source)
+    except EngineUnavailable as exc:  # said by the command, once; the status keeps it for `reclock status`
+        source.close()
+        _heartbeat(lake, Status(pipeline=name, health=Health.FAILED.value, last_error=describe(exc), pid=os.getpid()))
+        raise
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
     lake.store.delete(stop_file)
     handlers = _on_signals(stop)
+    trackers: list[Tracker] = []  # the progress tracker, once there is a pipeline to track
+
+    def on_step(step: str) -> None:
+        if step == "minted":  # a fresh probe: the lag a progress snapshot shows is current now
+            for tracker in trackers:
+                tracker.probed()
+
     pipeline = Pipeline(
         name,
         lake,
         source,
-        data_plane=_data_plane(config, source),
+        data_plane=data_plane,
         settings=config.settings,
         maintenance=config.maintenance,
         windows=config.windows,
         layouts=config.layouts,
         fence=lease.check,
         shapes=config.shapes,
+        on_step=on_step,
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
+    tracker = None
+    if progress is not None:
+        tracker = Tracker(_view(progress), pipeline, status)
+        trackers.append(tracker)
 
     def beat() -> None:
         if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
             _heartbeat(lake, status)
 
-    watcher = threading.Thread(
-        target=_watch, args=(lambda: lake.store.exists(stop_file), stop, max_seconds, beat), daemon=True
-    )
+    def slow(waited: float) -> None:  # the loop waits in the probe: the snapshot is the watcher's to say
+        error = (
+            f"the {config.source['kind']} source has not answered for {waited:.0f} s (down, or unreachable?); "
+            "the job waits for it and goes on when it answers"
+        )
+        log.warning("pipeline %s: stalled: %s", name, error)
+        if not lease.lost:
+            with _status_lock:
+                status.health, status.last_error = Health.STALLED.value, error
+            _heartbeat(lake, status)
+
+    asked = functools.partial(lake.store.exists, stop_file)
+    probing = pipeline.minter.probing_for
+    watcher = threading.Thread(target=watch, args=(asked, stop, max_seconds, beat, probing, slow), daemon=True)
     watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
     status_rows.record_state(tables, pipeline, config_json)
     restore_history(lake, tables, pipeline)
-    started = time.monotonic()
     first_offsets: dict[str, int] = {}
-    last_health = [pipeline.health]
     metrics = None
     if config.metrics_port is not None:  # prometheus_client costs a second of start-up: only when served
         from reclock.job.metrics import Metrics
 
         metrics = Metrics(pipeline)
-        status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
+        try:
+            status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
+        except OSError as exc:  # a port in use, an address this machine does not have
+            source.close()
+            refusal = ConfigError(
+                "pipeline.metrics_port",
+                f"cannot serve /metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
+                "choose another metrics_port (0 picks a free one) or metrics_host (reclock start --metrics-host)",
+            )
+            _heartbeat(lake, replace(status, health=Health.FAILED.value, last_error=str(refusal)))
+            raise refusal from None
     log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
     names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier
@@ -342,9 +396,8 @@ def _run_leased(
             metrics.observe(report)
         _log_batch(report)
         publish(pipeline)
-        if progress is not None and not (report.idle and pipeline.health is last_health[0]):
-            _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
-        last_health[0] = pipeline.health
+        if tracker is not None:
+            tracker.batch(report)
         if until is not None and pipeline.resume_upper > until:
             stop.set()
 
@@ -362,18 +415,22 @@ def _run_leased(
             raise
     finally:
         stop.set()
+        if tracker is not None:  # its last snapshot, while /metrics still answers
+            tracker.close()
         if not lease.lost:  # the pipeline's state is its new driver's to say now
             status_rows.record_state(tables, pipeline, config_json)
         tables.close()
         if metrics is not None:
             metrics.close()
         publish(pipeline)
-        if progress is not None:
-            progress.write("\n")
-            progress.flush()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     return pipeline
+
+
+def _view(progress: TextIO | ProgressView) -> ProgressView:
+    """A text stream gets the plain progress line; anything else is a view that draws its own."""
+    return progress if isinstance(progress, ProgressView) else PlainLines(progress)
 
 
 def _log_batch(report: BatchReport) -> None:
@@ -395,9 +452,15 @@ def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
     ship = shipped_packages(source)
 
     def start() -> Any:
-        return spark_session(config.spark_master, config.spark_conf, ship=ship)
+        return spark_session(config.spark_master, config.spark_conf, ship=ship, ui=config.spark_ui)
 
-    plane = StartingSparkDataPlane(start, small_batch_offsets=config.small_batch_offsets)
+    plane = StartingSparkDataPlane(
+        start,
+        small_batch_offsets=config.small_batch_offsets,
+        timeout_s=config.spark_start_timeout_s,
+        master=config.spark_master,
+        warn=config.spark_background_start,
+    )
     if not config.spark_background_start:
         plane.wait()
     return plane
@@ -410,29 +473,6 @@ def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, lambda *_: stop.set())
     return previous
-
-
-def _watch(
-    stop_requested: Callable[[], bool], stop: threading.Event, max_seconds: float | None, beat: Callable[[], None]
-) -> None:
-    """Stop on request or deadline; keep the status snapshot fresh while a batch or backoff runs."""
-    deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    next_beat = time.monotonic() + HEARTBEAT_S
-    while not stop.wait(0.2):
-        if _asked(stop_requested) or (deadline is not None and time.monotonic() > deadline):
-            stop.set()
-        if time.monotonic() >= next_beat:
-            beat()
-            next_beat = time.monotonic() + HEARTBEAT_S
-
-
-def _asked(stop_requested: Callable[[], bool]) -> bool:
-    """Whether a stop was requested; a lake that cannot be asked now (a network blip) has not."""
-    try:
-        return stop_requested()
-    except OSError as exc:
-        log.info("could not look for a stop request: %s", exc)
-        return False
 
 
 _status_lock = threading.Lock()
@@ -485,19 +525,3 @@ def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
             name = names[p] = encode_partition(p)
         encoded.append((name, o))
     return json.dumps({"offsets": dict(sorted(encoded))}, separators=(",", ":"))
-
-
-def _progress_line(out: TextIO, pipeline: Pipeline, status: Status, elapsed: float) -> None:
-    rows = sum(status.rows.values())
-    lag = pipeline.lag
-    into = pipeline.resume_upper - 1
-    stamp = time.strftime("%H:%M:%S", time.localtime(into / 1000)) if into > 0 else "-"
-    line = (
-        f"{pipeline.name}  {pipeline.health.value:<8} batches {status.batches:>5}  rows {rows:>12,}"
-        f"  {rows / max(elapsed, 1e-9):>10,.0f} rows/s  lag {lag if lag is not None else '-':>10}  into {stamp}"
-    )
-    if out.isatty():
-        out.write("\r" + line)
-    else:
-        out.write(line + "\n")
-    out.flush()

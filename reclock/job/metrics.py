@@ -44,6 +44,7 @@ from reclock.runtime.health import Health
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.sources.base import FileStates
 from reclock.timeline.frontier import encode_partition, wall_clock_ms
+from reclock.timeline.lag import partition_lags
 
 __all__ = ["Metrics"]
 
@@ -172,13 +173,10 @@ class _PipelineGauges(Collector):
 
 def _partition_lags(pipeline: Pipeline) -> list[tuple[str, int]]:
     probe = pipeline.minter.last_probe
-    if probe is None or probe.is_closed or isinstance(pipeline.source, FileStates):
+    if probe is None or isinstance(pipeline.source, FileStates):
         return []
-    resume = pipeline.resume_frontier()
-    return [
-        (encode_partition(partition), 0 if resume.is_closed else max(0, offset - resume.offset(partition)))
-        for partition, offset in sorted(probe.items(), key=lambda item: encode_partition(item[0]))
-    ]
+    lags = partition_lags(pipeline.resume_frontier(), probe)  # the definition Pipeline.lag sums
+    return sorted((encode_partition(partition), n) for partition, n in lags.items())
 
 
 def _gauge(name: str, about: str, labels: list[str], samples: list[tuple[list[str], float]]) -> GaugeMetricFamily:

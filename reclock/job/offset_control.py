@@ -31,6 +31,7 @@ from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import REREAD_START, USER_SKIP, RemapTable, Skip
 from reclock.sources.base import SettableOffsets, Source
 from reclock.timeline.frontier import Frontier, Partition, Reread, decode_partition, encode_partition, wall_clock_ms
+from reclock.timeline.lag import partition_lags
 from reclock.timeline.resume import resume_frontier, resume_upper
 
 __all__ = ["OffsetChange", "PartitionOffsets", "offsets", "set_offset"]
@@ -47,6 +48,8 @@ class PartitionOffsets:
     bound: int | None
     loaded: int | None
     skipped: int
+    #: Offsets of ``latest`` not yet in every output (:func:`reclock.timeline.lag.partition_lags`).
+    lag: int = 0
 
 
 def offsets(lake: Lake, name: str) -> list[PartitionOffsets]:
@@ -69,14 +72,18 @@ def offsets(lake: Lake, name: str) -> list[PartitionOffsets]:
         for skip in remap.skips:
             if skip.reason != REREAD_START:  # offsets a re-read never had to load
                 skipped[skip.partition] = skipped.get(skip.partition, 0) + skip.end - skip.start
+        # A re-read partition ends where it is bound: no probe names it.
+        newest = {p: bindings.frontier.offset(p) if isinstance(p, Reread) else latest.offset(p) for p in partitions}
+        lags = partition_lags(loaded, Frontier(newest))
         return [
             PartitionOffsets(
                 encode_partition(p),
                 earliest.get(p),
-                bindings.frontier.offset(p) if isinstance(p, Reread) else latest.offset(p),
+                newest[p],
                 None if bindings.frontier.is_closed else bindings.frontier.offset(p),
                 None if loaded.is_closed else loaded.offset(p),
                 skipped.get(p, 0),
+                lags.get(p, 0),
             )
             for p in partitions
         ]

@@ -42,6 +42,7 @@ from reclock.job import lifecycle
 from reclock.job.config import PipelineConfig
 from reclock.job.control import exclusive, load
 from reclock.job.detach import is_detached
+from reclock.job.progress import ProgressView
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.lease import LeaseHeld
@@ -80,8 +81,12 @@ class RedriveReport:
     pending: bool = False  # requested, not landed yet: a job took the pipeline meanwhile, or a stop came first
 
 
-def redrive(lake: Lake, name: str, *, now: Callable[[], int] = wall_clock_ms) -> RedriveReport:
-    """Request a redrive of the stopped pipeline's due records and land it (see the module doc)."""
+def redrive(
+    lake: Lake, name: str, *, now: Callable[[], int] = wall_clock_ms, progress: ProgressView | None = None
+) -> RedriveReport:
+    """Request a redrive of the stopped pipeline's due records and land it (see the module doc).
+
+    ``progress`` is shown the landing job's progress, as ``reclock start`` shows it."""
     config, created_at = load(lake, name)
     if is_detached(lake, name):
         raise ReclockError(f"pipeline {name!r} is detached: start it first (a redrive lands through its batches)")
@@ -112,7 +117,7 @@ def redrive(lake: Lake, name: str, *, now: Callable[[], int] = wall_clock_ms) ->
         return report
     report.binding_ts = times[-1]
     try:
-        pipeline = lifecycle.run(lake, name, until=times[-1])
+        pipeline = lifecycle.run(lake, name, until=times[-1], progress=progress)
     except LeaseHeld:  # a job started meanwhile: it lands the request
         report.pending = True
         return report

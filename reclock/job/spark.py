@@ -19,6 +19,7 @@ import atexit
 import importlib.util
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import zipfile
@@ -26,16 +27,31 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from reclock.errors import EngineUnavailable
 from reclock.runtime.logs import spark_conf, spark_log_level
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["code_archive", "runs_elsewhere", "shipped_packages", "spark_session", "under_spark_submit"]
+__all__ = [
+    "check_master",
+    "code_archive",
+    "runs_elsewhere",
+    "session_conf",
+    "shipped_packages",
+    "spark_session",
+    "under_spark_submit",
+]
+
+#: Seconds a standalone master's port gets to accept a connection before the job says it cannot be reached.
+_CONNECT_S = 5.0
+
+#: What to do about a Spark that cannot start, said with every such error.
+_FIX = 'start it, set [spark] master to one that runs, or set [pipeline] engine = "local" to run without Spark'
 
 
 def spark_session(
-    master: str = "local[2]", conf: Mapping[str, str] | None = None, *, ship: Sequence[str] = ()
+    master: str = "local[2]", conf: Mapping[str, str] | None = None, *, ship: Sequence[str] = (), ui: bool = False
 ) -> SparkSession:
     """The session, and ``ship``: top-level packages sent to its executors if they run elsewhere.
 
@@ -43,7 +59,14 @@ def spark_session(
     ``master`` is ignored; ``conf`` applies on top of spark-submit's settings either way.
     Spark's own log is quiet from the JVM's first line, or in ``$RECLOCK_SPARK_LOG``
     (:func:`reclock.runtime.logs.spark_conf`); a ``spark.driver.extraJavaOptions`` in ``conf`` replaces that.
+
+    A session that cannot start is one :class:`~reclock.errors.EngineUnavailable` line naming the
+    master and the fix, not Py4J's Python and Java tracebacks; a ``spark://`` master whose port
+    refuses connections is said at once (:func:`check_master`), not after Spark's own minute of
+    registration retries.
     """
+    if not under_spark_submit():
+        check_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -51,17 +74,13 @@ def spark_session(
     builder = SparkSession.builder
     if not under_spark_submit():
         builder = builder.master(master)
-    builder = (
-        builder.appName("reclock")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.python.worker.reuse", "true")
-    )
-    settings = dict(conf or {}) if under_spark_submit() else {**spark_conf(), **(conf or {})}
-    for key, value in settings.items():
+    builder = builder.appName("reclock")
+    for key, value in session_conf(conf, ui=ui).items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
+    try:
+        session = builder.getOrCreate()
+    except Exception as exc:  # Py4J's error carries the whole Java stack: keep its one telling line
+        raise EngineUnavailable(f"Spark could not start on master {master!r} ({_java_line(exc)}): {_FIX}") from exc
     session.sparkContext.setLogLevel(spark_log_level())
     running = session.sparkContext.master  # spark-submit's under it, not ``master``
     assert running is not None, "a started Spark session has a master"
@@ -70,6 +89,54 @@ def spark_session(
         atexit.register(shutil.rmtree, folder, ignore_errors=True)  # served to executors until the job ends
         session.sparkContext.addPyFile(str(code_archive(ship, Path(folder) / "reclock-code.zip")))
     return session
+
+
+def session_conf(conf: Mapping[str, str] | None = None, *, ui: bool = False) -> dict[str, str]:
+    """The settings reclock gives every session, then ``conf`` (the definition's ``[spark.conf]``).
+
+    The Spark UI is off unless ``[spark] ui = true``: it costs the driver a web server and a
+    listener on every task, and binds a port (4040 and up) on every interface. On, it shows the
+    jobs each batch runs, on ``spark.ui.port`` if ``conf`` sets one.
+    """
+    settings = {
+        "spark.ui.enabled": "true" if ui else "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.python.worker.reuse": "true",
+    }
+    extra = dict(conf or {}) if under_spark_submit() else {**spark_conf(), **(conf or {})}
+    return {**settings, **extra}
+
+
+def check_master(master: str, timeout_s: float = _CONNECT_S) -> None:
+    """Refuse at once a ``spark://`` master none of whose ``host:port`` accepts a connection.
+
+    Spark itself retries its registration for about a minute and then fails with a Java stack;
+    a port that refuses or does not answer is the common case (a typo, a master not started),
+    and a TCP connect says it in milliseconds. Other masters (``local``, ``yarn``, ``k8s://``)
+    are Spark's to check.
+    """
+    if not master.startswith("spark://"):
+        return
+    refusals = []
+    for address in master.removeprefix("spark://").split(","):
+        host, _, port = address.strip().rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return
+        except ValueError:
+            refusals.append(f"{address}: not host:port")
+        except OSError as exc:
+            refusals.append(f"{address}: {exc.strerror or exc}")
+    raise EngineUnavailable(f"cannot reach the Spark master {master!r} ({'; '.join(refusals)}): {_FIX}")
+
+
+def _java_line(exc: Exception) -> str:
+    """The first line of a Py4J error that names a Java or Python exception, else its first line."""
+    lines = [line.strip(" :\t") for line in str(exc).splitlines() if line.strip(" :\t")]
+    telling = [line for line in lines if "Exception" in line or "Error" in line]
+    line = (telling or lines or [type(exc).__name__])[0]
+    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def under_spark_submit() -> bool:

@@ -29,7 +29,7 @@ __all__ = ["DEAD", "Status", "job_alive", "read_status", "write_status"]
 #: The health ``read_status`` reports for a job that died without publishing a final status.
 DEAD = "dead"
 
-_LIVE = ("starting", "running", "stalled")
+_LIVE = ("starting", "running", "degraded", "stalled")
 
 #: Seconds between two status writes of a live job, even in a long batch or a long backoff.
 HEARTBEAT_S = 5.0

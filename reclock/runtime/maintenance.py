@@ -60,6 +60,7 @@ def maintain_tables(
     optimize: bool = True,
     vacuum: bool = True,
     fence: Callable[[], None] = lambda: None,
+    on_table: Callable[[str, int, int], None] | None = None,
 ) -> MaintenanceReport:
     """Compact the remap table and ``optimize``, then ``vacuum``, every output; one pass.
 
@@ -69,7 +70,8 @@ def maintain_tables(
     commit and safe to interrupt at any point: a crash leaves either the old or the new state of
     a table, never a mixture, and the next run picks up from there. ``fence`` is called before
     each table's turn (the job's lease check): a vacuum by a driver that lost the pipeline could
-    delete the files its successor wrote and has not committed yet.
+    delete the files its successor wrote and has not committed yet. ``on_table(name, done, total)``
+    hears of each table once its turn is over (``reclock optimize`` draws it as progress).
     """
     started = time.monotonic()
     report = MaintenanceReport()
@@ -81,7 +83,7 @@ def maintain_tables(
             remap.compact(since)
     report.since = remap.bindings.since
     paths = {"remap": remap.path, **outputs}
-    for name, path in paths.items():
+    for done, (name, path) in enumerate(paths.items(), 1):
         fence()
         table = remap.store.open_table(path)
         tables.set_retention(table, minutes)
@@ -92,6 +94,8 @@ def maintain_tables(
         if optimize:
             table.update_incremental()
             table.create_checkpoint()
+        if on_table is not None:
+            on_table(name, done, len(paths))
     remap.sync()  # the passes above committed to the remap table too: the next mint compares against them
     report.duration_ms = int((time.monotonic() - started) * 1000)
     return report

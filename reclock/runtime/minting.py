@@ -108,6 +108,17 @@ class Minter:
         return call.result()
 
 
+    def probing_for(self) -> float | None:
+        """Seconds the probe in flight has waited for the source (``None``: none in flight).
+
+        Read by the job's watcher thread: a source that does not answer (a broker down, a
+        blackholed address) makes a probe wait up to its own timeout, often 30 s, and the job
+        says so long before that.
+        """
+        call = self._probing
+        return None if call is None or call.done else time.monotonic() - call.started
+
+
 class Interrupted(Exception):
     """A stop was asked for while the driver waited for the source; nothing was minted."""
 
@@ -117,6 +128,7 @@ class _Call:
 
     def __init__(self, fn: Callable[[], Frontier], name: str) -> None:
         self._done = threading.Event()
+        self.started = time.monotonic()
         self._value: Frontier | None = None
         self._error: BaseException | None = None
         threading.Thread(target=self._run, args=(fn,), name=name, daemon=True).start()
@@ -128,6 +140,10 @@ class _Call:
             self._error = exc
         finally:
             self._done.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
     def wait(self, stop: threading.Event) -> bool:
         """``True`` once the call returned; ``False`` as soon as ``stop`` is set before that."""

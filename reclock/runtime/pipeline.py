@@ -48,7 +48,7 @@ from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
 from reclock.runtime.failures import Verdict, decide
-from reclock.runtime.health import Health
+from reclock.runtime.health import Health, after_batch
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
@@ -65,6 +65,7 @@ from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
 from reclock.sources.base import ERRORS, Source, error_batch
 from reclock.timeline.frontier import Frontier, IntoTime, encode_partition, wall_clock_ms
+from reclock.timeline.lag import total_lag
 from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
 
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
@@ -148,12 +149,10 @@ class Pipeline:
 
     @property
     def lag(self) -> int | None:
-        """Offsets the last probe saw that are not yet in every output (``None`` before a probe)."""
+        """Offsets the last probe saw not yet in every output (``None`` before a probe): the one
+        definition of lag (:mod:`reclock.timeline.lag`), which the metrics and ``reclock offsets`` share."""
         probe = self.minter.last_probe
-        if probe is None:
-            return None
-        resume = self.resume_frontier()
-        return 0 if resume.is_closed else resume.count_to(resume.join(probe))
+        return None if probe is None else total_lag(self.resume_frontier(), probe)
 
     @property
     def pending(self) -> bool:
@@ -346,8 +345,8 @@ class Pipeline:
                 self._backoff(stop, stalls)
                 continue
             attempts = stalls = 0
-            self.health = Health.RUNNING
-            self.last_error = None
+            now = (self.health, self.last_error)
+            self.health, self.last_error = after_batch(self.name, report, self.sinks[ERRORS].path, self.lake.store, now)
             observe(report)
             if report.idle and not self.finished:
                 stop.wait(self.settings.batch_interval)

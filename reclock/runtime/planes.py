@@ -10,11 +10,14 @@ two tasks a core, largest first, so tasks finish close together.
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
+from reclock.errors import EngineUnavailable, ReclockError
 from reclock.runtime.task import BatchPlan, SplitResult, run_splits
 from reclock.sources.base import GroupReads, Split
 
@@ -23,6 +26,8 @@ if TYPE_CHECKING:
 
 
 __all__ = ["AutoDataPlane", "DataPlane", "LocalDataPlane", "SparkDataPlane", "StartingSparkDataPlane"]
+
+log = logging.getLogger("reclock.planes")
 
 
 class DataPlane(Protocol):
@@ -115,32 +120,88 @@ class StartingSparkDataPlane:
 
     Starting a session costs seconds (a JVM, then the first jobs warm up), and a restarted job
     used to pay all of it before its first commit. Both planes run the same task function, so a
-    batch lands the same rows wherever it runs; only where the work happens changes. A session
-    that fails to start fails the batches that need it, naming why.
+    batch lands the same rows wherever it runs; only where the work happens changes.
+
+    A session that fails to start, or is not up within ``timeout_s``, is logged as a warning at
+    once (if ``warn``: a job that waits for its session says it itself) and fails the next batch
+    with :class:`~reclock.errors.EngineUnavailable`, so the pipeline fails saying why instead of
+    running on in the driver behind a Spark it was told to use. The start runs on a daemon
+    thread: a start that hangs (a master that accepts connections and never answers) cannot keep
+    the process from ending.
     """
 
     def __init__(
-        self, start: Callable[[], SparkSession], local: DataPlane | None = None, *, small_batch_offsets: int = 0
+        self,
+        start: Callable[[], SparkSession],
+        local: DataPlane | None = None,
+        *,
+        small_batch_offsets: int = 0,
+        timeout_s: float = 120.0,
+        master: str = "",
+        warn: bool = True,
     ) -> None:
         self.local = local or LocalDataPlane()
         self.small_batch_offsets = small_batch_offsets
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reclock-spark-start")
-        self._session = self._pool.submit(start)
+        self.timeout_s = timeout_s
+        self.master = master
+        self.warn = warn
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._session: SparkSession | None = None
+        self._failure: ReclockError | None = None
         self._plane: DataPlane | None = None
+        threading.Thread(target=self._start, args=(start,), name="reclock-spark-start", daemon=True).start()
+        timer = threading.Timer(timeout_s, self._time_out)
+        timer.daemon = True
+        timer.start()
+
+    def _start(self, start: Callable[[], SparkSession]) -> None:
+        try:
+            session = start()
+        except Exception as exc:
+            failure = exc if isinstance(exc, ReclockError) else EngineUnavailable(f"Spark could not start: {exc}")
+            self._give_up(failure)
+        else:
+            with self._lock:
+                if self._failure is None:
+                    self._session = session
+                    self._done.set()
+
+    def _time_out(self) -> None:
+        self._give_up(
+            EngineUnavailable(
+                f"the Spark session did not start within [spark] start_timeout_seconds = {self.timeout_s:g} s "
+                f"(master {self.master!r}): is the master running, reachable and with free cores? "
+                'Raise the timeout, fix [spark] master, or set [pipeline] engine = "local"'
+            )
+        )
+
+    def _give_up(self, failure: ReclockError) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._failure = failure
+            self._done.set()
+        if self.warn:
+            log.warning("%s", failure)
 
     def wait(self) -> None:
         """Wait for the session (``[spark] background_start = false``): every batch on Spark."""
-        self._session.result()
+        self._done.wait()
+        if self._failure is not None:
+            raise self._failure
 
     def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
         if self._plane is None:
-            if not self._session.done():
+            if not self._done.is_set():
                 return self.local.run(plan, splits)
-            spark = SparkDataPlane(self._session.result())
+            if self._failure is not None:
+                raise self._failure
+            assert self._session is not None, "a started plane has its session"
+            spark = SparkDataPlane(self._session)
             self._plane = (
                 AutoDataPlane(spark, self.local, small_batch_offsets=self.small_batch_offsets)
                 if self.small_batch_offsets
                 else spark
             )
-            self._pool.shutdown(wait=False)
         return self._plane.run(plan, splits)

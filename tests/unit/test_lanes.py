@@ -148,6 +148,7 @@ def _reap(pid: int) -> None:
 @pytest.mark.usefixtures("reclock_processes")  # the command itself, to compare with
 def test_reclock_in_process_answers_as_the_command_does(tmp_path):
     lake = str(tmp_path / "lake")
+    (tmp_path / "lake").mkdir()  # an empty lake: one that does not exist is a mistake (exit 2)
     here = reclock_in_process("--lake", lake, "status")
     there = subprocess.run(
         [sys.executable, "-m", "reclock.cli", "--lake", lake, "status"], capture_output=True, text=True, timeout=120

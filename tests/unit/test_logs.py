@@ -109,6 +109,7 @@ def test_help_shows_no_restructured_text_markup(command, capsys):
 def test_main_called_in_a_process_leaves_its_logging_as_it_was(tmp_path, capsys):
     loggers = [logging.getLogger(name) for name in ("reclock", "kafka")]
     before = [(logger.level, list(logger.handlers), logger.propagate) for logger in loggers]
+    (tmp_path / "lake").mkdir()  # an empty lake: one that does not exist is a mistake (exit 2)
     assert main(["--lake", str(tmp_path / "lake"), "--log-level", "DEBUG", "status"]) == 0
     assert [(logger.level, list(logger.handlers), logger.propagate) for logger in loggers] == before
 

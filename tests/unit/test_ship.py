@@ -83,6 +83,7 @@ def test_the_spark_submit_entry_runs_the_cli_with_its_own_folder_off_the_path(tm
         "finally:\n"
         f"    print({str(entry.parent)!r} in sys.path)\n"
     )
+    (tmp_path / "lake").mkdir()  # an empty lake: one that does not exist is a mistake (exit 2)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"no pipelines in {tmp_path / 'lake'}", "False"]
