@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 
 __all__ = ["BIN", "PostgresServer"]
@@ -139,10 +139,8 @@ class PostgresServer:
             return
         process, self.process = self.process, None
         if process.poll() is None:
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(process.pid, how)
-            except ProcessLookupError:
-                pass
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
