@@ -97,11 +97,9 @@ class PostgresSource(SourceBase):
             read_timeout_s=read_timeout_s,
             feedback_interval_s=feedback_interval_s,
         )
-        if not isinstance(state_dir, str) or not state_dir:
-            raise ConfigError(
-                "state_dir", "the source keeps its snapshot in the lake: a local lake gives it one (or pass state_dir)"
-            )
-        self.state = Path(state_dir)
+        if state_dir is not None and (not isinstance(state_dir, str) or not state_dir):
+            raise ConfigError("state_dir", f"must be a folder's path, got {state_dir!r}")
+        self.state = None if state_dir is None else Path(state_dir)
         self.on_record_error = check_record_error_policy(on_record_error)
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
@@ -139,13 +137,12 @@ class PostgresSource(SourceBase):
         return Frontier({WAL: max(flushed, manifest.consistent_lsn)})
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
-        """At most ``max_records`` bytes of WAL past ``lower``, but never below the consistent
-        point: the snapshot is bound whole, at one into time."""
-        capped = super().cap(lower, upper, max_records)
-        floor = self._captured().consistent_lsn
-        if capped.offset(WAL) < floor <= upper.offset(WAL):
-            return Frontier({WAL: floor})
-        return capped
+        """Never cut: a binding takes the whole probe. Offsets are WAL bytes, not records, and a
+        range is read from the slot whole anyway; ``max_batch`` still bounds how many bindings a
+        catch-up batch groups (``max_batch = 1``: one batch per binding, so that every binding
+        time is a cut of upsert outputs, see docs/sources/postgres.md). It also keeps the
+        snapshot whole, at one into time."""
+        return upper
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         manifest = self._captured()
@@ -188,6 +185,7 @@ class PostgresSource(SourceBase):
     def _read_chunk(
         self, split: ChunkSplit, chunk: snapshot.Chunk, batches: ChangeBatches
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
+        assert self.state is not None, "a chunk split is made only once the snapshot is captured"
         rows = snapshot.read_chunk(self.state, chunk)
         columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
         changes = [(chunk.output, Change("r", None, row)) for row in zip(*columns, strict=True)]
@@ -230,6 +228,12 @@ class PostgresSource(SourceBase):
     def _captured(self) -> snapshot.Manifest:
         """The slot and the snapshot's manifest, captured on first need (on the driver)."""
         if self._manifest is None:
+            if self.state is None:
+                raise ConfigError(
+                    "state_dir",
+                    "the source keeps its slot's snapshot in the pipeline's folder of a local lake; "
+                    "a lake in object storage needs state_dir, a local folder the job and its tasks share",
+                )
             manifest = snapshot.load(self.state)
             if manifest is None or manifest.slot != self.options.slot:
                 manifest = snapshot.capture(
