@@ -33,7 +33,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, SourceBase, SourceContext, Split, check_record_error_policy
-from reclock.sources.postgres import snapshot
+from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
 from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
@@ -54,7 +54,7 @@ WAL = "wal"
 class ChunkSplit(Split):
     """One captured snapshot chunk (offset ``start`` = the chunk's index)."""
 
-    chunk: snapshot.Chunk | None = None
+    chunk: Chunk | None = None
     consistent_lsn: int = 0
 
 
@@ -109,7 +109,7 @@ class PostgresSource(SourceBase):
                 ensure_publication(cur, self.options.publication, self.options.tables)
         finally:
             conn.close()
-        self._manifest: snapshot.Manifest | None = None
+        self._manifest: Manifest | None = None
 
     @classmethod
     def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> PostgresSource:
@@ -183,10 +183,10 @@ class PostgresSource(SourceBase):
         )
 
     def _read_chunk(
-        self, split: ChunkSplit, chunk: snapshot.Chunk, batches: ChangeBatches
+        self, split: ChunkSplit, chunk: Chunk, batches: ChangeBatches
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
         assert self.state is not None, "a chunk split is made only once the snapshot is captured"
-        rows = snapshot.read_chunk(self.state, chunk)
+        rows = read_chunk(self.state, chunk)
         columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
         changes = [(chunk.output, Change("r", None, row)) for row in zip(*columns, strict=True)]
         yield from batches.transaction(split.start, split.consistent_lsn, None, changes)
@@ -225,7 +225,7 @@ class PostgresSource(SourceBase):
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _captured(self) -> snapshot.Manifest:
+    def _captured(self) -> Manifest:
         """The slot and the snapshot's manifest, captured on first need (on the driver)."""
         if self._manifest is None:
             if self.state is None:
@@ -234,9 +234,9 @@ class PostgresSource(SourceBase):
                     "the source keeps its slot's snapshot in the pipeline's folder of a local lake; "
                     "a lake in object storage needs state_dir, a local folder the job and its tasks share",
                 )
-            manifest = snapshot.load(self.state)
+            manifest = load(self.state)
             if manifest is None or manifest.slot != self.options.slot:
-                manifest = snapshot.capture(
+                manifest = capture(
                     self.options.dsn,
                     self.options.slot,
                     self.options.publication,
