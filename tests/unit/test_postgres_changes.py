@@ -38,7 +38,7 @@ SPEC = TableSpec(
 )
 
 
-def _tuple(*values: str | None | object) -> bytes:
+def _tuple(*values: object) -> bytes:
     out = struct.pack(">h", len(values))
     for value in values:
         if value is None:
