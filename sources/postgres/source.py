@@ -33,12 +33,12 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, SourceBase, SourceContext, Split, check_record_error_policy
-from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
 from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.config import PostgresOptions, slot_name
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
+from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
 from reclock.sources.postgres.stream import read_range
 from reclock.timeline.frontier import Frontier, encode_partition
 
