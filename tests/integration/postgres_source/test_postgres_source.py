@@ -185,3 +185,39 @@ def test_the_committer_confirms_only_what_every_output_holds(postgres, tmp_path)
     )[0][0]
     assert int(confirmed) == frontier
     drop_slot(postgres, db, source.options.slot)
+
+
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "sources" / "postgres.md"
+
+
+def test_the_guides_definition_creates_a_pipeline(postgres, tmp_path):
+    """The guide's TOML, pointed at the test server, is a definition ``reclock create`` takes; its
+    refusal message is the one the source gives."""
+    import re
+    import tomllib
+
+    from reclock.job.config import build_source, parse_config
+
+    db = "guide"
+    postgres.create_database(db)
+    execute(
+        postgres,
+        db,
+        "CREATE TABLE checking (id int PRIMARY KEY, balance bigint)",
+        "CREATE TABLE savings (id int PRIMARY KEY, balance bigint)",
+        "CREATE TABLE nokey (v int)",
+    )
+    text = GUIDE.read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+    definition = tomllib.loads(example)
+    definition["source"]["dsn"] = postgres.dsn(db)
+    config = parse_config(definition)
+    source = build_source(config, created_at_ms=0, state_path=str(tmp_path / "state"))
+    assert isinstance(source, PostgresSource)
+    assert [o.name for o in source.outputs()] == ["public_checking", "public_savings"]
+    assert source.options.slot == source.options.publication == "reclock_bank"
+    definition["source"]["tables"] = ["nokey"]
+    with pytest.raises(ConfigError) as refused:
+        build_source(parse_config(definition), created_at_ms=0)
+    (documented,) = re.findall(r"```text\n(source\.tables: .*?)\n```", text, re.DOTALL)
+    assert str(refused.value) == documented
