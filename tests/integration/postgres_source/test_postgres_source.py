@@ -221,3 +221,55 @@ def test_the_guides_definition_creates_a_pipeline(postgres, tmp_path):
         build_source(parse_config(definition), created_at_ms=0)
     (documented,) = re.findall(r"```text\n(source\.tables: .*?)\n```", text, re.DOTALL)
     assert str(refused.value) == documented
+
+
+def test_a_server_restart_stalls_the_pipeline_then_it_resumes_exactly(postgres, tmp_path):
+    """The server goes away (fast shutdown) under a running pipeline: it is ``stalled``, not
+    failed, and once the server is back every change lands exactly once (append: one row each)."""
+    import threading
+    import time
+
+    from reclock.runtime.health import Health
+    from reclock.runtime.settings import Settings
+
+    db = "restart"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source = make_source(postgres, db, tmp_path, tables=["t"], envelope="append", read_timeout_s=3)
+    settings = Settings(batch_interval=0.1, idle_interval=0.5, retry_backoff=0.1, max_backoff=0.5)
+    pipeline = Pipeline("pg", tmp_path / "lake", source, settings=settings)
+    stop = threading.Event()
+    runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop}, daemon=True)
+    runner.start()
+    try:
+        for i in range(1, 51):
+            execute(postgres, db, f"INSERT INTO t VALUES ({i}, {i})")
+        postgres.stop()
+        deadline = time.monotonic() + 60
+        while pipeline.health != Health.STALLED:
+            assert time.monotonic() < deadline and pipeline.health != Health.FAILED, pipeline.last_error
+            time.sleep(0.05)
+        assert "Postgres server" in (pipeline.last_error or "")
+        postgres.start()
+        execute(postgres, db, "UPDATE t SET v = v + 100 WHERE id <= 25", "DELETE FROM t WHERE id > 40")
+        flushed = int(query(postgres, db, "SELECT pg_current_wal_flush_lsn() - '0/0'")[0][0])
+        deadline = time.monotonic() + 60
+        while pipeline.resume_frontier().offset("wal") < flushed:
+            assert time.monotonic() < deadline and pipeline.health != Health.FAILED, pipeline.last_error
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+        if postgres.process is None:
+            postgres.start()
+    rows = output_table(tmp_path / "lake", "pg", "public_t").to_pylist()
+    changes = sorted((r["_offset"], r["seq"]) for r in rows)
+    assert len(changes) == len(set(changes)) == 50 + 25 + 10  # every change once
+    state: dict[int, int] = {}
+    for r in sorted(rows, key=lambda r: (r["_offset"], r["seq"])):
+        if r["op"] == "d":
+            del state[r["before"]["id"]]
+        else:
+            state[r["after"]["id"]] = r["after"]["v"]
+    assert state == dict(query(postgres, db, "SELECT id, v FROM t"))
+    drop_slot(postgres, db, source.options.slot)
