@@ -202,6 +202,9 @@ class SourceContext:
     generations_reader: Callable[[], str | None] | None = None
     #: That file's path, when the lake is on this machine (a listing must not take it for data).
     generations_path: str | None = None
+    #: A folder of the pipeline's in the lake, when the lake is on this machine, where a source
+    #: may keep durable state of its own (the Postgres source's captured snapshot).
+    state_path: str | None = None
 
     def generations(self) -> dict[str, int]:
         """``{path: generation}`` of every dropped file (``reclock drop-file`` bumps one); a file

@@ -340,13 +340,15 @@ def build_source(
     file: str | None = None,
     generations_reader: Callable[[], str | None] | None = None,
     generations_path: str | None = None,
+    state_path: str | None = None,
 ) -> Source:
     """Instantiate the configured source; its own validation errors are prefixed ``source.``.
 
     What only the runtime knows goes into a :class:`~reclock.sources.base.SourceContext`, which a
     source class takes in its ``from_config`` (:class:`~reclock.sources.base.TakesContext`): the
     pipeline, when it was created, its ``on_record_error`` policy, and where dropped files'
-    generations are kept (a reader of that file, and its path in a local lake). Any other class
+    generations are kept (a reader of that file, and its path in a local lake), and a folder for a
+    source's own durable state (in a local lake). Any other class
     is called with the ``[source]`` options alone.
     """
     options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k not in ("kind", _RECORD_ERROR)}
@@ -355,7 +357,9 @@ def build_source(
         cls = source_class(config.source["kind"])
     except ConfigError as exc:
         raise ConfigError(f"source.{exc.field}", exc.reason, file=file) from None
-    context = SourceContext(config.name, created_at_ms, config.on_record_error, generations_reader, generations_path)
+    context = SourceContext(
+        config.name, created_at_ms, config.on_record_error, generations_reader, generations_path, state_path
+    )
     try:
         built = cls.from_config(options, context) if issubclass(cls, TakesContext) else cls(**options)
         return cast(Source, built)  # source_class checked the class has the protocol's methods

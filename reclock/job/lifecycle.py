@@ -228,6 +228,7 @@ def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) ->
         file=str(lake.definition_path(name)),
         generations_reader=functools.partial(_text_or_none, lake.store, where),
         generations_path=None if lake.store.remote else str(where),
+        state_path=None if lake.store.remote else str(lake.control_dir(name) / "source"),
     )
 
 

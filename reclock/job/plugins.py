@@ -3,7 +3,7 @@
 A kind is resolved in this order, by every process that builds the source (``create``, ``start``,
 ``status``, ``files``), from the stored definition, so a plugin is used exactly like a built-in:
 
-1. a built-in kind: ``files``, ``generator``, ``kafka``;
+1. a built-in kind: ``files``, ``generator``, ``kafka``, ``postgres``;
 2. ``package.module:ClassName``: any importable class, for a source kept in your own code;
 3. the name of an entry point in the group :data:`ENTRY_POINTS` (``reclock.sources``), declared by
    an installed distribution's metadata::
@@ -36,6 +36,7 @@ BUILT_IN = {
     "generator": "reclock.sources.generator:GeneratorSource",
     "kafka": "reclock.sources.kafka:KafkaSource",
     "files": "reclock.sources.files:FilesSource",
+    "postgres": "reclock.sources.postgres:PostgresSource",
 }
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

@@ -63,3 +63,14 @@ def s3_server(tmp_path_factory):
     yield server
     server.stop()
     log.close()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL 15 server with ``wal_level = logical``, one process for the session, stopped by
+    its PID (see tests/integration/postgres.py); each test makes its own database."""
+    from tests.integration.postgres import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.close()

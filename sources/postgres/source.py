@@ -1,0 +1,249 @@
+"""The Postgres source itself: :class:`PostgresSource` wires the stages into the source contract.
+
+**Source time is the commit LSN.** The source has one partition, :data:`WAL`. A change's
+``_offset`` is its transaction's commit LSN (``Begin.final_lsn``), the same for every change of the
+transaction in every table, so a transaction is complete at a binding whole or not at all and all
+its rows get one ``_into_ts``. Below the slot's consistent point the offsets are the snapshot's
+chunks (:mod:`~reclock.sources.postgres.snapshot`).
+
+* ``upper`` (the probe, on the driver): the server's ``pg_current_wal_flush_lsn()``: every
+  transaction whose commit record starts below it is durable and will be sent by the slot. It
+  moves with any WAL the server writes, so an idle source's frontier moves too.
+* ``splits``: one split per snapshot chunk, and one replication range ``[lower, upper)`` (a slot
+  is read by one connection at a time, so the range is not cut).
+* ``read``: a chunk from its captured file, or a range from the slot
+  (:mod:`~reclock.sources.postgres.stream`); both replayable.
+* ``commit`` (the offset committer): moves the slot's ``confirmed_flush_lsn`` to the resume
+  frontier's LSN, which the runtime gives only after every output committed it
+  (``pg_replication_slot_advance``). The server then frees the WAL below it.
+
+Outputs: one per table, named ``<schema>_<table>``; ``upsert`` by the replica identity's key
+(the primary key) or ``append`` change rows (see :mod:`~reclock.sources.postgres.changes`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from reclock.errors import ConfigError
+from reclock.sources.base import Output, SourceBase, SourceContext, Split, check_record_error_policy
+from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication
+from reclock.sources.postgres.changes import Change, ChangeBatches
+from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
+from reclock.sources.postgres.config import PostgresOptions, slot_name
+from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
+from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
+from reclock.sources.postgres.stream import read_range
+from reclock.timeline.frontier import Frontier, encode_partition
+
+__all__ = ["WAL", "ChunkSplit", "PostgresSource", "RangeSplit"]
+
+log = logging.getLogger("reclock.sources.postgres")
+
+#: The source's one partition: the database's write-ahead log, in commit LSNs.
+WAL = "wal"
+
+
+@dataclass(frozen=True)
+class ChunkSplit(Split):
+    """One captured snapshot chunk (offset ``start`` = the chunk's index)."""
+
+    chunk: Chunk | None = None
+    consistent_lsn: int = 0
+
+
+@dataclass(frozen=True)
+class RangeSplit(Split):
+    """The transactions committed in ``[start, end)``, read from the slot."""
+
+
+class PostgresSource(SourceBase):
+    """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
+
+    #: Rows per Arrow batch a read yields (bounded memory per task).
+    flush_rows: int = 50_000
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        tables: Sequence[str],
+        envelope: str = "upsert",
+        slot: str | None = None,
+        publication: str | None = None,
+        snapshot: bool = True,
+        snapshot_chunk_pages: int = 1024,
+        read_timeout_s: float = 30.0,
+        feedback_interval_s: float = 1.0,
+        state_dir: str | None = None,
+        on_record_error: str = "skip",
+    ) -> None:
+        if slot is None or publication is None:
+            raise ConfigError("slot", "name the slot and the publication (a pipeline's default is reclock_<pipeline>)")
+        self.options = PostgresOptions.check(
+            dsn=dsn,
+            tables=tables,
+            envelope=envelope,
+            slot=slot,
+            publication=publication,
+            snapshot=snapshot,
+            snapshot_chunk_pages=snapshot_chunk_pages,
+            read_timeout_s=read_timeout_s,
+            feedback_interval_s=feedback_interval_s,
+        )
+        if state_dir is not None and (not isinstance(state_dir, str) or not state_dir):
+            raise ConfigError("state_dir", f"must be a folder's path, got {state_dir!r}")
+        self.state = None if state_dir is None else Path(state_dir)
+        self.on_record_error = check_record_error_policy(on_record_error)
+        conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
+        try:
+            with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
+                check_wal_level(cur)
+                self.specs: tuple[TableSpec, ...] = describe(cur, self.options.tables, self.options.envelope)
+                ensure_publication(cur, self.options.publication, self.options.tables)
+        finally:
+            conn.close()
+        self._manifest: Manifest | None = None
+
+    @classmethod
+    def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> PostgresSource:
+        """The pipeline's source: slot and publication ``reclock_<pipeline>`` unless named, the
+        snapshot kept in the pipeline's folder of the lake, the pipeline's ``on_record_error``."""
+        name = slot_name(context.pipeline)
+        defaults = {"slot": name, "publication": name, "state_dir": context.state_path}
+        return cls(**{**defaults, **options, "on_record_error": context.on_record_error})
+
+    # -- the Source protocol --------------------------------------------------------------------
+
+    def outputs(self) -> Sequence[Output]:
+        return [spec.as_output(self.options.envelope) for spec in self.specs]
+
+    def upper(self) -> Frontier:
+        """The server's WAL flush position; the first call captures the snapshot if none is."""
+        manifest = self._captured()
+        conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
+        try:
+            with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
+                cur.execute("SELECT pg_current_wal_flush_lsn()")
+                flushed = parse_lsn(cur.fetchone()[0])
+        finally:
+            conn.close()
+        return Frontier({WAL: max(flushed, manifest.consistent_lsn)})
+
+    def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
+        """Never cut: a binding takes the whole probe. Offsets are WAL bytes, not records, and a
+        range is read from the slot whole anyway; ``max_batch`` still bounds how many bindings a
+        catch-up batch groups (``max_batch = 1``: one batch per binding, so that every binding
+        time is a cut of upsert outputs, see docs/sources/postgres.md). It also keeps the
+        snapshot whole, at one into time."""
+        return upper
+
+    def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
+        manifest = self._captured()
+        start, end = lower.offset(WAL), upper.offset(WAL)
+        out: list[Split] = [
+            ChunkSplit(WAL, i, i + 1, chunk, manifest.consistent_lsn)
+            for i, chunk in enumerate(manifest.chunks)
+            if start <= i < end
+        ]
+        begin = max(start, manifest.consistent_lsn)
+        if begin < end:
+            out.append(RangeSplit(WAL, begin, end))
+        return out
+
+    def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """The rows of a chunk, or the changes of a range; the same for the same split."""
+        batches = ChangeBatches(
+            self.specs,
+            self.options.envelope,
+            encode_partition(WAL),
+            flush_rows=self.flush_rows,
+            fail=self.on_record_error == "fail",
+        )
+        if isinstance(split, ChunkSplit):
+            assert split.chunk is not None
+            yield from self._read_chunk(split, split.chunk, batches)
+            return
+        yield from read_range(
+            self.options.dsn,
+            self.options.slot,
+            self.options.publication,
+            self.specs,
+            batches,
+            split.start,
+            split.end,
+            read_timeout_s=self.options.read_timeout_s,
+            feedback_interval_s=self.options.feedback_interval_s,
+        )
+
+    def _read_chunk(
+        self, split: ChunkSplit, chunk: Chunk, batches: ChangeBatches
+    ) -> Iterator[tuple[str, pa.RecordBatch]]:
+        assert self.state is not None, "a chunk split is made only once the snapshot is captured"
+        rows = read_chunk(self.state, chunk)
+        columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+        changes = [(chunk.output, Change("r", None, row)) for row in zip(*columns, strict=True)]
+        yield from batches.transaction(split.start, split.consistent_lsn, None, changes)
+        yield from batches.finish()
+
+    def commit(self, frontier: Frontier) -> None:
+        """Confirm the slot up to the resume frontier (advisory: a failure is logged, and the
+        next batch confirms further)."""
+        target = frontier.offset(WAL)
+        manifest = self._manifest
+        if manifest is None or target <= manifest.consistent_lsn:
+            return
+        try:
+            conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
+        except PostgresUnavailable as exc:
+            log.warning("could not confirm slot %s to %s: %s", self.options.slot, lsn_text(target), exc)
+            return
+        try:
+            with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
+                cur.execute(
+                    "SELECT pg_replication_slot_advance(%s, %s::pg_lsn) FROM pg_replication_slots "
+                    "WHERE slot_name = %s AND confirmed_flush_lsn < %s::pg_lsn",
+                    (self.options.slot, lsn_text(target), self.options.slot, lsn_text(target)),
+                )
+        except Exception as exc:  # advisory: never fails a batch that is already durable
+            log.warning("could not confirm slot %s to %s: %s", self.options.slot, lsn_text(target), exc)
+        finally:
+            conn.close()
+
+    def close(self) -> None:
+        """Nothing held between calls: every stage opens and closes its own connection."""
+
+    def __repr__(self) -> str:
+        tables = [t.qualified for t in self.options.tables]
+        return f"PostgresSource(tables={tables!r}, slot={self.options.slot!r}, envelope={self.options.envelope!r})"
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _captured(self) -> Manifest:
+        """The slot and the snapshot's manifest, captured on first need (on the driver)."""
+        if self._manifest is None:
+            if self.state is None:
+                raise ConfigError(
+                    "state_dir",
+                    "the source keeps its slot's snapshot in the pipeline's folder of a local lake; "
+                    "a lake in object storage needs state_dir, a local folder the job and its tasks share",
+                )
+            manifest = load(self.state)
+            if manifest is None or manifest.slot != self.options.slot:
+                manifest = capture(
+                    self.options.dsn,
+                    self.options.slot,
+                    self.options.publication,
+                    self.specs,
+                    self.state,
+                    take=self.options.snapshot,
+                    chunk_pages=self.options.snapshot_chunk_pages,
+                )
+            self._manifest = manifest
+        return self._manifest

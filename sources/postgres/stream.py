@@ -1,0 +1,138 @@
+"""The reader of a replication range: every transaction whose commit LSN is in ``[start, end)``.
+
+It runs in a Spark task (or the driver's data plane) on its own replication connection:
+``START_REPLICATION SLOT <slot> LOGICAL <start>`` makes the server send, in commit order, every
+transaction whose commit record is at or after ``start`` (and after the slot's
+``confirmed_flush_lsn``, which the committer never moves past the resume frontier, so a replayed
+range is always still there). The reader stops at the first transaction whose commit LSN is
+``end`` or more, or once the server says it has read its WAL to ``end`` (the ``wal_end`` of a
+keepalive the reader asks for) with no transaction open. A transaction's changes are handed on
+only at its Commit, all at its commit LSN: a transaction is in a range whole or not at all.
+
+While it reads, the reader answers the server on a timer (``feedback_interval_s``: a standby
+status update, which confirms nothing) so that ``wal_sender_timeout`` never cuts a long read.
+A read that sees no progress for ``read_timeout_s`` is a transient error: the batch is retried.
+"""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from reclock.errors import DefiniteSourceError
+from reclock.sources.postgres.catalog import TableSpec
+from reclock.sources.postgres.changes import Change, ChangeBatches
+from reclock.sources.postgres.clients import PostgresUnavailable, replication, server_errors
+from reclock.sources.postgres.pgoutput import (
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Relation,
+    Truncate,
+    Update,
+    decode_message,
+    lsn_text,
+)
+
+__all__ = ["read_range"]
+
+
+def read_range(
+    dsn: str,
+    slot: str,
+    publication: str,
+    specs: Sequence[TableSpec],
+    batches: ChangeBatches,
+    start: int,
+    end: int,
+    *,
+    read_timeout_s: float,
+    feedback_interval_s: float,
+) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """Every change committed in ``[start, end)``, as ``batches`` builds them (see the module docstring)."""
+    by_name = {spec.table.qualified: spec for spec in specs}
+    relations: dict[int, TableSpec] = {}
+    conn, cursor = replication(dsn, slot, publication, start, wait_s=read_timeout_s)
+    try:
+        with server_errors(slot, publication):
+            txn: tuple[Begin, list[tuple[str, Change]]] | None = None
+            last_progress = last_feedback = time.monotonic()
+            cursor.send_feedback(reply=True)
+            while True:
+                message = cursor.read_message()
+                now = time.monotonic()
+                if now - last_feedback >= feedback_interval_s:
+                    cursor.send_feedback(reply=True)
+                    last_feedback = now
+                if message is None:
+                    if txn is None and cursor.wal_end >= end:
+                        break
+                    if now - last_progress > read_timeout_s:
+                        raise PostgresUnavailable(
+                            f"replication slot {slot}: no progress towards LSN {lsn_text(end)} for {read_timeout_s} s "
+                            f"(server at {lsn_text(cursor.wal_end)})"
+                        )
+                    select.select([cursor], [], [], min(feedback_interval_s, 0.5))
+                    if time.monotonic() - last_feedback >= min(feedback_interval_s, 0.5):
+                        cursor.send_feedback(reply=True)  # ask where the server's WAL is
+                        last_feedback = time.monotonic()
+                    continue
+                last_progress = now
+                decoded = decode_message(message.payload)
+                if isinstance(decoded, Begin):
+                    if decoded.final_lsn >= end:
+                        break
+                    txn = (decoded, [])
+                elif isinstance(decoded, Commit):
+                    assert txn is not None, "Commit without Begin"
+                    begin, changes = txn
+                    txn = None
+                    yield from batches.transaction(begin.final_lsn, begin.final_lsn, begin.xid, changes)
+                elif isinstance(decoded, Relation):
+                    relations[decoded.relation_id] = _checked(decoded, by_name)
+                elif isinstance(decoded, (Insert, Update, Delete, Truncate)):
+                    assert txn is not None, "a change outside a transaction"
+                    txn[1].extend(_changes(decoded, relations))
+        yield from batches.finish()
+    finally:
+        conn.close()
+
+
+def _changes(
+    message: Insert | Update | Delete | Truncate, relations: Mapping[int, TableSpec]
+) -> list[tuple[str, Change]]:
+    if isinstance(message, Truncate):
+        return [(relations[r].output, Change("t", None, None)) for r in message.relation_ids if r in relations]
+    spec = relations.get(message.relation_id)
+    if spec is None:  # a table of the publication the pipeline does not read
+        return []
+    if isinstance(message, Insert):
+        return [(spec.output, Change("c", None, message.new))]
+    if isinstance(message, Update):
+        return [(spec.output, Change("u", message.old, message.new))]
+    return [(spec.output, Change("d", message.old, None))]
+
+
+def _checked(relation: Relation, by_name: Mapping[str, TableSpec]) -> Any:
+    """The spec of ``relation``'s table, if the pipeline reads it; a definite error if the table's
+    columns are no longer those its output was made for."""
+    spec = by_name.get(relation.qualified)
+    if spec is None:
+        return None
+    now = [(c.name, c.type_oid) for c in relation.columns]
+    made = [(c.name, c.type_oid) for c in spec.columns]
+    if now != made:
+        raise DefiniteSourceError(
+            f"table {relation.qualified} changed: its columns are now {_columns(now)}, its output was made for "
+            f"{_columns(made)}; recreate the pipeline to follow the new definition"
+        )
+    return spec
+
+
+def _columns(columns: list[tuple[str, int]]) -> str:
+    return ", ".join(f"{name} (type {oid})" for name, oid in columns)

@@ -1,0 +1,275 @@
+"""The Postgres source in a pipeline: snapshot plus stream, upsert and append outputs, errors.
+
+Each test makes its own database on the session's server and runs a pipeline in the driver
+(``LocalDataPlane``), then checks the Delta tables with the tests' own reader
+(``tests.faults.reader``, no product code) against what the database holds.
+"""
+
+from __future__ import annotations
+
+import decimal
+from contextlib import closing
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from reclock.errors import ConfigError
+from reclock.persist.lake import Lake, sink_id
+from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.reports import BatchFailed
+from reclock.sources.postgres import PostgresSource
+from tests.faults.reader import DeltaLog, label_of, read_rows
+
+
+def make_source(postgres, database: str, tmp_path: Path, **options) -> PostgresSource:
+    options = {"slot": f"s_{database}", "publication": f"p_{database}", "state_dir": str(tmp_path / "state"), **options}
+    return PostgresSource(postgres.dsn(database), **options)
+
+
+def execute(postgres, database: str, *statements: str) -> None:
+    with closing(postgres.connect(database)) as conn, conn.cursor() as cur:
+        for statement in statements:
+            cur.execute(statement)
+
+
+def query(postgres, database: str, sql: str) -> list[tuple]:
+    with closing(postgres.connect(database)) as conn, conn.cursor() as cur:
+        cur.execute(sql)
+        return cur.fetchall()
+
+
+def output_table(lake: Path, pipeline: str, output: str) -> pa.Table:
+    log = DeltaLog(Lake.at(lake).output_path(pipeline, output)).refresh()
+    rows = read_rows(log)
+    assert rows is not None, output
+    return rows
+
+
+def drop_slot(postgres, database: str, slot: str) -> None:
+    execute(postgres, database, f"SELECT pg_drop_replication_slot('{slot}')")
+
+
+def test_snapshot_then_stream_mirror_the_tables_by_key(postgres, tmp_path):
+    db = "mirror"
+    postgres.create_database(db)
+    execute(
+        postgres,
+        db,
+        "CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance numeric(12,2), big text)",
+        "ALTER TABLE accounts ALTER COLUMN big SET STORAGE EXTERNAL",
+        "CREATE TABLE events (id bigint PRIMARY KEY, kind text, at timestamptz)",
+        "INSERT INTO accounts SELECT g, 'o' || g, g * 1.5, NULL FROM generate_series(1, 500) g",
+        "INSERT INTO events SELECT g, 'k', '2026-11-25 00:00:00+00' FROM generate_series(1, 50) g",
+    )
+    source = make_source(postgres, db, tmp_path, tables=["accounts", "public.events"], snapshot_chunk_pages=1)
+    pipeline = Pipeline("pg", tmp_path / "lake", source)
+    first = pipeline.step()  # the snapshot, bound whole
+    assert first.rows["public_accounts"] == 500 and first.rows["public_events"] == 50
+    assert len(source._captured().chunks) > 2  # several chunks (one page each) of accounts
+    execute(
+        postgres,
+        db,
+        "BEGIN; UPDATE accounts SET balance = balance - 10 WHERE id = 1; UPDATE accounts SET balance = balance + 10 "
+        "WHERE id = 2; COMMIT",
+        "INSERT INTO accounts VALUES (1000, 'new', 0, repeat('x', 30000))",
+        "UPDATE accounts SET owner = 'renamed' WHERE id = 1000",  # leaves 'big' (TOASTed) unsent
+        "DELETE FROM accounts WHERE id = 3",
+        "UPDATE accounts SET id = 2000 WHERE id = 4",
+        "BEGIN; INSERT INTO events VALUES (51, 'x', NULL); UPDATE events SET kind = 'y' WHERE id = 51; COMMIT",
+        "DELETE FROM events WHERE id < 10",
+    )
+    pipeline.step()
+    accounts = output_table(tmp_path / "lake", "pg", "public_accounts")
+    got = {r["id"]: (r["owner"], r["balance"]) for r in accounts.to_pylist()}
+    want = {r[0]: (r[1], r[2]) for r in query(postgres, db, "SELECT id, owner, balance FROM accounts")}
+    errors = output_table(tmp_path / "lake", "pg", "_errors").to_pylist()
+    # id 1000's rename left its TOASTed 'big' unsent, and it was inserted in an earlier transaction:
+    # without replica identity full the change cannot be mirrored, and says so in _errors.
+    assert [e["kind"] for e in errors] == ["unchanged_toast"]
+    assert "REPLICA IDENTITY FULL" in errors[0]["message"]
+    assert got.pop(1000) == ("new", decimal.Decimal("0.00"))
+    assert got == {k: v for k, v in want.items() if k != 1000}
+    events = output_table(tmp_path / "lake", "pg", "public_events")
+    assert sorted((r["id"], r["kind"]) for r in events.to_pylist()) == sorted(
+        query(postgres, db, "SELECT id, kind FROM events")
+    )
+    drop_slot(postgres, db, source.options.slot)
+
+
+def test_one_transaction_lands_at_one_into_time_in_every_table(postgres, tmp_path):
+    db = "onetime"
+    postgres.create_database(db)
+    execute(
+        postgres,
+        db,
+        "CREATE TABLE a (id int PRIMARY KEY, v int)",
+        "CREATE TABLE b (id int PRIMARY KEY, v int)",
+    )
+    source = make_source(postgres, db, tmp_path, tables=["a", "b"], envelope="append")
+    pipeline = Pipeline("pg", tmp_path / "lake", source)
+    pipeline.step()
+    execute(
+        postgres,
+        db,
+        "BEGIN; INSERT INTO a VALUES (1, 1); INSERT INTO b VALUES (1, 1); UPDATE a SET v = 2 WHERE id = 1; COMMIT",
+        "BEGIN; INSERT INTO b VALUES (2, 2); DELETE FROM a WHERE id = 1; COMMIT",
+        "TRUNCATE a",
+    )
+    pipeline.step()
+    a = output_table(tmp_path / "lake", "pg", "public_a").sort_by([("_offset", "ascending"), ("seq", "ascending")])
+    b = output_table(tmp_path / "lake", "pg", "public_b").sort_by([("_offset", "ascending"), ("seq", "ascending")])
+    assert [r["op"] for r in a.to_pylist()] == ["c", "u", "d", "t"]
+    assert [r["after"] for r in a.to_pylist()][:2] == [{"id": 1, "v": 1}, {"id": 1, "v": 2}]
+    assert a.column("before").to_pylist()[2] == {"id": 1, "v": None}  # a delete's old key
+    first_txn = a.column("_offset")[0].as_py()
+    assert b.column("_offset")[0].as_py() == first_txn  # one transaction, one source time
+    assert a.column("commit_lsn").to_pylist()[:2] == [first_txn, first_txn]
+    assert a.column("xid")[0] == b.column("xid")[0]
+    assert len(set(a.column("_into_ts").to_pylist()[:2] + b.column("_into_ts").to_pylist()[:1])) == 1
+    drop_slot(postgres, db, source.options.slot)
+
+
+def test_refusals_are_one_line_naming_what_to_run(postgres, tmp_path):
+    db = "refusals"
+    postgres.create_database(db)
+    execute(
+        postgres,
+        db,
+        "CREATE TABLE nokey (v int)",
+        "CREATE TABLE noident (id int PRIMARY KEY)",
+        "ALTER TABLE noident REPLICA IDENTITY NOTHING",
+    )
+    with pytest.raises(ConfigError) as nokey:
+        make_source(postgres, db, tmp_path, tables=["nokey"])
+    assert 'ALTER TABLE "public"."nokey" REPLICA IDENTITY FULL' in str(nokey.value)
+    with pytest.raises(ConfigError) as noident:
+        make_source(postgres, db, tmp_path, tables=["noident"])
+    assert "no usable replica identity" in str(noident.value)
+    with pytest.raises(ConfigError, match="missing does not exist"):
+        make_source(postgres, db, tmp_path, tables=["missing"])
+    for error in (nokey.value, noident.value):
+        assert "\n" not in str(error)
+
+
+def test_a_dropped_slot_or_a_changed_table_is_a_definite_error(postgres, tmp_path):
+    db = "definite"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE t (id int PRIMARY KEY, v text)")
+    source = make_source(postgres, db, tmp_path, tables=["t"], read_timeout_s=5)
+    pipeline = Pipeline("pg", tmp_path / "lake", source)
+    pipeline.step()
+    execute(postgres, db, "ALTER TABLE t ALTER COLUMN v TYPE int USING 0", "INSERT INTO t VALUES (1, 1)")
+    # A task's error reaches the batch as a failed split of that kind: the pipeline fails at once.
+    with pytest.raises(BatchFailed, match=r"DefiniteSourceError: table public\.t changed: its columns are now"):
+        pipeline.step()
+    drop_slot(postgres, db, source.options.slot)
+    with pytest.raises(BatchFailed, match=f"DefiniteSourceError: replication slot {source.options.slot} was dropped"):
+        Pipeline("pg", tmp_path / "lake", source).step()
+
+
+def test_the_committer_confirms_only_what_every_output_holds(postgres, tmp_path):
+    db = "confirm"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE t (id int PRIMARY KEY)")
+    source = make_source(postgres, db, tmp_path, tables=["t"])
+    pipeline = Pipeline("pg", tmp_path / "lake", source)
+    pipeline.step()
+    execute(postgres, db, "INSERT INTO t SELECT generate_series(1, 100)")
+    pipeline.step()
+    log = DeltaLog(Lake.at(tmp_path / "lake").output_path("pg", "public_t")).refresh()
+    held = label_of(log, sink_id("pg", "public_t"))
+    frontier = pipeline.remap.bindings.source_upper_at(held + 1).offset("wal")
+    confirmed = query(
+        postgres, db, f"SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = 's_{db}'"
+    )[0][0]
+    assert int(confirmed) == frontier
+    drop_slot(postgres, db, source.options.slot)
+
+
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "sources" / "postgres.md"
+
+
+def test_the_guides_definition_creates_a_pipeline(postgres, tmp_path):
+    """The guide's TOML, pointed at the test server, is a definition ``reclock create`` takes; its
+    refusal message is the one the source gives."""
+    import re
+    import tomllib
+
+    from reclock.job.config import build_source, parse_config
+
+    db = "guide"
+    postgres.create_database(db)
+    execute(
+        postgres,
+        db,
+        "CREATE TABLE checking (id int PRIMARY KEY, balance bigint)",
+        "CREATE TABLE savings (id int PRIMARY KEY, balance bigint)",
+        "CREATE TABLE nokey (v int)",
+    )
+    text = GUIDE.read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+    definition = tomllib.loads(example)
+    definition["source"]["dsn"] = postgres.dsn(db)
+    config = parse_config(definition)
+    source = build_source(config, created_at_ms=0, state_path=str(tmp_path / "state"))
+    assert isinstance(source, PostgresSource)
+    assert [o.name for o in source.outputs()] == ["public_checking", "public_savings"]
+    assert source.options.slot == source.options.publication == "reclock_bank"
+    definition["source"]["tables"] = ["nokey"]
+    with pytest.raises(ConfigError) as refused:
+        build_source(parse_config(definition), created_at_ms=0)
+    (documented,) = re.findall(r"```text\n(source\.tables: .*?)\n```", text, re.DOTALL)
+    assert str(refused.value) == documented
+
+
+def test_a_server_restart_stalls_the_pipeline_then_it_resumes_exactly(postgres, tmp_path):
+    """The server goes away (fast shutdown) under a running pipeline: it is ``stalled``, not
+    failed, and once the server is back every change lands exactly once (append: one row each)."""
+    import threading
+    import time
+
+    from reclock.runtime.health import Health
+    from reclock.runtime.settings import Settings
+
+    db = "restart"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    source = make_source(postgres, db, tmp_path, tables=["t"], envelope="append", read_timeout_s=3)
+    settings = Settings(batch_interval=0.1, idle_interval=0.5, retry_backoff=0.1, max_backoff=0.5)
+    pipeline = Pipeline("pg", tmp_path / "lake", source, settings=settings)
+    stop = threading.Event()
+    runner = threading.Thread(target=pipeline.run, kwargs={"stop": stop}, daemon=True)
+    runner.start()
+    try:
+        for i in range(1, 51):
+            execute(postgres, db, f"INSERT INTO t VALUES ({i}, {i})")
+        postgres.stop()
+        deadline = time.monotonic() + 60
+        while pipeline.health != Health.STALLED:
+            assert time.monotonic() < deadline and pipeline.health != Health.FAILED, pipeline.last_error
+            time.sleep(0.05)
+        assert "Postgres server" in (pipeline.last_error or "")
+        postgres.start()
+        execute(postgres, db, "UPDATE t SET v = v + 100 WHERE id <= 25", "DELETE FROM t WHERE id > 40")
+        flushed = int(query(postgres, db, "SELECT pg_current_wal_flush_lsn() - '0/0'")[0][0])
+        deadline = time.monotonic() + 60
+        while pipeline.resume_frontier().offset("wal") < flushed:
+            assert time.monotonic() < deadline and pipeline.health != Health.FAILED, pipeline.last_error
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        runner.join(timeout=60)
+        if postgres.process is None:
+            postgres.start()
+    rows = output_table(tmp_path / "lake", "pg", "public_t").to_pylist()
+    changes = sorted((r["_offset"], r["seq"]) for r in rows)
+    assert len(changes) == len(set(changes)) == 50 + 25 + 10  # every change once
+    state: dict[int, int] = {}
+    for r in sorted(rows, key=lambda r: (r["_offset"], r["seq"])):
+        if r["op"] == "d":
+            del state[r["before"]["id"]]
+        else:
+            state[r["after"]["id"]] = r["after"]["v"]
+    assert state == dict(query(postgres, db, "SELECT id, v FROM t"))
+    drop_slot(postgres, db, source.options.slot)

@@ -1,0 +1,332 @@
+"""Transactions land whole under fire: transfers between two tables, the job SIGKILLed at random.
+
+Four threads run transfers, each one transaction moving an amount from an account of
+``checking`` to one of ``savings`` (or back), and now and then opening an account in both tables
+with a deposit moved from an old one, so the total of both tables never changes. A thread records
+a transfer (its xid and effect) only once its COMMIT returned. Meanwhile ``reclock start`` runs
+the pipeline (``engine = "local"``, ``max_batch = 1``: one batch per binding) and is killed with
+SIGKILL at random moments, the first ones while it starts and captures the snapshot, then
+restarted; at the end a last run catches up and is stopped.
+
+Ground truth is the test's own: the transfers it saw commit, placed in commit order by the
+server's ``pg_waldump`` (xid -> LSN of the commit record), from the tables' state before the
+first transfer. Then, read with the tests' own Delta log reader (``tests.faults.reader``), for
+every batch label time ``T`` of either output: both tables as of ``T`` (the first version whose
+label reaches ``T``, rows with ``_into_ts <= T``) keep the total, and equal the state after every
+transfer whose commit LSN is below the frontier the remap table binds at ``T``; the product's
+``read_as_of`` agrees; the final tables equal the database's, row for row; and the slot's
+``confirmed_flush_lsn``, sampled while the jobs ran, never passed what every output held. A
+third table, ``history`` (200,000 rows, only in the snapshot), makes the capture long enough for
+the first two kills to land inside it (some chunks written, no manifest yet): it ends with every
+row once.
+
+The short lane kills 4 times; ``--long`` (scripts/test --long) 24 times.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import closing
+from pathlib import Path
+
+import psycopg2
+import pytest
+
+from reclock.persist.asof import read_as_of
+from tests.faults.reader import _COMMIT, DeltaLog, Remap, read_rows
+from tests.integration.helpers import reclock_cli, write_config
+
+ACCOUNTS = 20
+START = 1_000
+TOTAL = 2 * ACCOUNTS * START
+WAL = "wal"  # the source's one partition, as the remap table and _partition hold it
+NAME = "bank"
+HISTORY = 200_000
+
+
+class Transfers(threading.Thread):
+    """One client moving money; ``done`` holds ``(xid, [(table, id, delta), ...])`` per commit."""
+
+    def __init__(self, dsn: str, seed: int, next_id: list[int], lock: threading.Lock) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.random, self.next_id, self.lock = dsn, random.Random(seed), next_id, lock
+        self.stop = threading.Event()
+        self.done: list[tuple[int, list[tuple[str, int, int]]]] = []
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            conn = psycopg2.connect(self.dsn)
+            while not self.stop.is_set():
+                effects = self._one(conn)
+                if effects is not None:
+                    self.done.append(effects)
+                time.sleep(self.random.uniform(0, 0.01))
+            conn.close()
+        except BaseException as exc:
+            self.failure = exc
+
+    def _one(self, conn) -> tuple[int, list[tuple[str, int, int]]] | None:
+        with self.lock:
+            known = self.next_id[0]
+        a, b = self.random.randrange(1, known), self.random.randrange(1, known)
+        amount = self.random.randint(-50, 50)
+        effects = [("checking", a, -amount), ("savings", b, amount)]
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT txid_current()")
+                xid = cur.fetchone()[0]
+                if self.random.random() < 0.05:  # open an account in both tables, funded from checking a
+                    with self.lock:
+                        new = self.next_id[0]
+                        self.next_id[0] += 1
+                    cur.execute("INSERT INTO checking VALUES (%s, 0)", (new,))
+                    cur.execute("INSERT INTO savings VALUES (%s, 5)", (new,))
+                    effects = [("checking", new, 0), ("savings", new, 5), ("checking", a, -5)]
+                    cur.execute("UPDATE checking SET balance = balance - 5 WHERE id = %s", (a,))
+                else:
+                    cur.execute("UPDATE checking SET balance = balance - %s WHERE id = %s", (amount, a))
+                    cur.execute("UPDATE savings SET balance = balance + %s WHERE id = %s", (amount, b))
+            conn.commit()
+        except psycopg2.errors.DeadlockDetected:
+            conn.rollback()
+            return None
+        return xid & 0xFFFFFFFF, effects
+
+
+def _start_job(lake: Path, stderr: Path) -> subprocess.Popen:
+    with open(stderr, "ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", NAME],
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def _status(lake: Path) -> dict:
+    try:
+        return json.loads((lake / NAME / "status.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _versions(path: Path) -> list[tuple[int, int | None, list[dict]]]:
+    """Every version of a Delta table: ``(version, label, rows)``, replayed from its JSON commits."""
+    log = path / "_delta_log"
+    versions = sorted(int(m.group(1)) for m in map(_COMMIT.match, (p.name for p in log.iterdir())) if m)
+    assert versions == list(range(len(versions))), "the log has a gap"
+    files: dict[str, dict] = {}
+    label: int | None = None
+    out = []
+    for version in versions:
+        for line in (log / f"{version:020d}.json").read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                files[action["add"]["path"]] = action["add"]
+            elif "remove" in action:
+                files.pop(action["remove"]["path"], None)
+            elif "txn" in action:
+                label = int(action["txn"]["version"])
+        state = DeltaLog(path)
+        state.files = dict(files)
+        state.version = version
+        table = read_rows(state)
+        out.append((version, label, [] if table is None else table.to_pylist()))
+    return out
+
+
+def _cut(versions: list[tuple[int, int | None, list[dict]]], at: int) -> dict[int, int]:
+    """A table as of ``at``: the first version whose label reaches it, rows stamped at or before."""
+    for _, label, rows in versions:
+        if label is not None and label >= at:
+            return {r["id"]: r["balance"] for r in rows if r["_into_ts"] <= at}
+    raise AssertionError(f"no version reaches {at}")
+
+
+class SlotWatch(threading.Thread):
+    """Samples the slot's confirmed_flush_lsn, then what every output holds (their labels)."""
+
+    def __init__(self, dsn: str, slot: str, lake: Path) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.slot, self.lake = dsn, slot, lake
+        self.stop = threading.Event()
+        self.samples: list[tuple[int, dict[str, int | None]]] = []
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            conn = psycopg2.connect(self.dsn)
+            conn.autocommit = True
+            while not self.stop.wait(0.1):
+                with conn.cursor() as cur:
+                    cur.execute(
+                        "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
+                        (self.slot,),
+                    )
+                    row = cur.fetchone()
+                if row is None or row[0] is None:
+                    continue
+                labels = {}
+                for output in ("public_checking", "public_savings", "public_history"):
+                    path = self.lake / NAME / "outputs" / output
+                    log = DeltaLog(path).refresh() if (path / "_delta_log").is_dir() else None
+                    labels[output] = None if log is None else max(log.txns.values(), default=None)
+                self.samples.append((int(row[0]), labels))
+            conn.close()
+        except BaseException as exc:
+            self.failure = exc
+
+
+@pytest.mark.usefixtures("reclock_processes")
+def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_path, long_lane):
+    kills = 24 if long_lane else 4
+    db = "bank"
+    dsn = postgres.create_database(db)
+    with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
+        cur.execute("ALTER SYSTEM SET wal_keep_size = '4GB'")  # pg_waldump reads the workload's WAL after
+        cur.execute("SELECT pg_reload_conf()")
+        cur.execute("CREATE TABLE checking (id int PRIMARY KEY, balance bigint NOT NULL)")
+        cur.execute("CREATE TABLE savings (id int PRIMARY KEY, balance bigint NOT NULL)")
+        cur.execute(f"INSERT INTO checking SELECT g, {START} FROM generate_series(1, {ACCOUNTS}) g")
+        cur.execute(f"INSERT INTO savings SELECT g, {START} FROM generate_series(1, {ACCOUNTS}) g")
+        # Bulk the snapshot up (many chunks of a few pages each) so that kills land inside its capture.
+        cur.execute("CREATE TABLE history (id int PRIMARY KEY, note text)")
+        cur.execute(f"INSERT INTO history SELECT g, repeat('h', 40) FROM generate_series(1, {HISTORY}) g")
+        cur.execute("SELECT pg_current_wal_lsn()")
+        wal_start = cur.fetchone()[0]
+    lake = tmp_path / "lake"
+    config = write_config(
+        tmp_path / "bank.toml",
+        pipeline={
+            "name": NAME,
+            "lake": "lake",
+            "engine": "local",
+            "max_batch": 1,
+            "batch_interval": 0.2,
+            "idle_interval": 1.0,
+        },
+        source={
+            "kind": "postgres",
+            "dsn": dsn,
+            "tables": ["checking", "savings", "history"],
+            "read_timeout_s": 10.0,
+            "snapshot_chunk_pages": 16,
+        },
+    )
+    created = reclock_cli("create", str(config), cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    next_id, lock = [ACCOUNTS + 1], threading.Lock()
+    clients = [Transfers(dsn, seed, next_id, lock) for seed in range(4)]
+    watch = SlotWatch(dsn, "reclock_bank", lake)
+    for client in clients:
+        client.start()
+    watch.start()
+    stderr = tmp_path / "job.stderr"
+    rng = random.Random(22)
+    in_snapshot = 0
+    manifest = lake / NAME / "control" / "source" / "snapshot.json"
+    job = None
+    try:
+        for kill in range(kills):
+            job = _start_job(lake, stderr)
+            if kill < 2:  # inside the snapshot's capture: some chunks written, the manifest not yet
+                chunks = lake / NAME / "control" / "source" / "chunks"
+                deadline = time.monotonic() + 60
+                while not manifest.exists() and time.monotonic() < deadline:
+                    if chunks.is_dir() and len(list(chunks.iterdir())) > rng.randint(1, 20):
+                        break
+                    time.sleep(0.01)
+            else:
+                deadline = time.monotonic() + 60
+                batches = _status(lake).get("batches", 0)
+                while _status(lake).get("batches", 0) <= batches and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                time.sleep(rng.uniform(0, 1.5))
+            in_snapshot += not manifest.exists()
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait(timeout=30)
+        for client in clients:
+            client.stop.set()
+        for client in clients:
+            client.join(timeout=30)
+            assert client.failure is None, client.failure
+        with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_current_wal_flush_lsn() - '0/0', pg_current_wal_lsn()")
+            flushed, wal_end = cur.fetchone()
+        job = _start_job(lake, stderr)
+        deadline = time.monotonic() + 120
+        while json.loads(_status(lake).get("resume_frontier", "{}")).get("offsets", {}).get("wal", 0) < int(flushed):
+            assert job.poll() is None, stderr.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the last run did not catch up"
+            time.sleep(0.2)
+        assert reclock_cli("--lake", str(lake), "stop", NAME, "--wait", "30").returncode == 0
+        assert job.wait(timeout=60) == 0, stderr.read_text()[-3000:]
+    finally:
+        for client in clients:
+            client.stop.set()
+        watch.stop.set()
+        watch.join(timeout=30)
+        if job is not None and job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+
+    # Ground truth: the committed transfers in commit order, by the server's own WAL dump.
+    commits = postgres.commit_lsns(wal_start, wal_end)
+    done = [effect for client in clients for effect in client.done]
+    assert len(done) > 50
+    missing = [xid for xid, _ in done if xid not in commits]
+    assert not missing, f"{len(missing)} committed transfers not in pg_waldump's output"
+    history = sorted((commits[xid], effects) for xid, effects in done)
+
+    def state_below(lsn: int) -> dict[str, dict[int, int]]:
+        tables = {t: dict.fromkeys(range(1, ACCOUNTS + 1), START) for t in ("checking", "savings")}
+        for commit_lsn, effects in history:
+            if commit_lsn >= lsn:
+                break
+            for table, key, delta in effects:
+                tables[table][key] = tables[table].get(key, 0) + delta
+        return tables
+
+    outputs = {t: _versions(lake / NAME / "outputs" / f"public_{t}") for t in ("checking", "savings")}
+    remap = Remap.read(lake / NAME / "remap")
+    labels = sorted({label for versions in outputs.values() for _, label, _ in versions if label is not None})
+    assert len(labels) > 10
+    checked = 0
+    for at in labels:
+        cut = {t: _cut(versions, at) for t, versions in outputs.items()}
+        assert sum(cut["checking"].values()) + sum(cut["savings"].values()) == TOTAL, at
+        frontier = remap.frontier_at(at)[WAL]
+        assert cut == state_below(frontier), f"the cut at {at} is not the database below LSN {frontier}"
+        theirs = read_as_of(lake, NAME, at)
+        for t in ("checking", "savings"):
+            assert (
+                dict(zip(*theirs[f"public_{t}"].select(["id", "balance"]).to_pydict().values(), strict=True))
+                == (cut[t])
+            )
+        checked += 1
+    # The final tables are the database's, row for row.
+    with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
+        for t in ("checking", "savings"):
+            cur.execute(f"SELECT id, balance FROM {t}")
+            assert dict(cur.fetchall()) == {r["id"]: r["balance"] for r in outputs[t][-1][2]}
+    # The snapshot-only table: every row once.
+    snapshot_rows = _versions(lake / NAME / "outputs" / "public_history")[-1][2]
+    assert sorted(r["id"] for r in snapshot_rows) == list(range(1, HISTORY + 1))
+    assert in_snapshot >= 1, "no kill landed inside the snapshot's capture"
+    # The slot never confirmed past what every output held.
+    assert watch.failure is None, watch.failure
+    assert len(watch.samples) > 20
+    for confirmed, held in watch.samples:
+        if None in held.values():
+            continue
+        bound = min(remap.frontier_at(label).get(WAL, 0) for label in held.values())
+        assert confirmed <= bound, (confirmed, held)
+    print(f"kills={kills} in_snapshot={in_snapshot} cuts={checked} transfers={len(done)}")

@@ -1,0 +1,174 @@
+"""The Postgres source's pure parts: pgoutput framing, transactions as output batches, options.
+
+The server-backed tests (tests/integration/postgres_source/) pin the decoder against
+``test_decoding`` and the source end to end; these pin the rules that need no server: what a
+malformed message does, which row of a key a transaction leaves, where unsent TOAST values come
+from, and that a bad option is one line naming it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pyarrow as pa
+import pytest
+
+from reclock.errors import ConfigError, DefiniteSourceError
+from reclock.sources.base import ERRORS
+from reclock.sources.postgres.catalog import ColumnSpec, TableSpec
+from reclock.sources.postgres.changes import DELETED, Change, ChangeBatches
+from reclock.sources.postgres.config import PostgresOptions, TableName, slot_name
+from reclock.sources.postgres.pgoutput import (
+    UNCHANGED,
+    Begin,
+    Insert,
+    PgOutputError,
+    Relation,
+    Update,
+    decode_message,
+    lsn_text,
+    parse_lsn,
+)
+
+SPEC = TableSpec(
+    TableName("public", "t"),
+    (ColumnSpec("id", 23, -1), ColumnSpec("v", 25, -1), ColumnSpec("n", 20, -1)),
+    key=("id",),
+    identity="d",
+)
+
+
+def _tuple(*values: object) -> bytes:
+    out = struct.pack(">h", len(values))
+    for value in values:
+        if value is None:
+            out += b"n"
+        elif value is UNCHANGED:
+            out += b"u"
+        else:
+            data = str(value).encode()
+            out += b"t" + struct.pack(">i", len(data)) + data
+    return out
+
+
+def test_messages_decode_from_their_documented_layout():
+    assert decode_message(b"B" + struct.pack(">qqI", 0x1_0000_0010, 5, 77)) == Begin(0x1_0000_0010, 5, 77)
+    relation = (
+        b"R"
+        + struct.pack(">I", 16384)
+        + b"public\0t\0d"
+        + struct.pack(">h", 2)
+        + b"\x01id\0"
+        + struct.pack(">Ii", 23, -1)
+        + b"\x00v\0"
+        + struct.pack(">Ii", 25, -1)
+    )
+    decoded = decode_message(relation)
+    assert isinstance(decoded, Relation) and decoded.qualified == "public.t"
+    assert [(c.name, c.key) for c in decoded.columns] == [("id", True), ("v", False)]
+    insert = decode_message(b"I" + struct.pack(">I", 16384) + b"N" + _tuple("1", None))
+    assert insert == Insert(16384, ("1", None))
+    update = decode_message(b"U" + struct.pack(">I", 16384) + b"K" + _tuple("1", None) + b"N" + _tuple("2", UNCHANGED))
+    assert update == Update(16384, ("1", None), True, ("2", UNCHANGED))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"", b"Z", b"B\x00\x01", b"I" + struct.pack(">I", 1) + b"X", b"I" + struct.pack(">I", 1) + b"N" + b"\x00\x01b"],
+)
+def test_a_malformed_message_is_refused_not_guessed(data):
+    with pytest.raises(PgOutputError):
+        decode_message(data)
+
+
+def test_lsn_text_round_trips():
+    assert parse_lsn("16/B374D848") == 0x16_B374D848
+    assert lsn_text(0x16_B374D848) == "16/B374D848"
+
+
+def _rows(batches: list[tuple[str, pa.RecordBatch]], output: str) -> list[dict]:
+    return [row for name, batch in batches if name == output for row in batch.to_pylist()]
+
+
+def test_a_transaction_leaves_one_row_per_key_the_last_one():
+    changes = ChangeBatches([SPEC], "upsert", "wal")
+    txn = [
+        ("public_t", Change("c", None, ("1", "a", "10"))),
+        ("public_t", Change("u", None, ("1", "b", "11"))),
+        ("public_t", Change("c", None, ("2", "x", None))),
+        ("public_t", Change("u", ("2", None, None), ("3", "x", None))),  # key 2 becomes 3
+    ]
+    out = list(changes.transaction(500, 500, 9, txn)) + list(changes.finish())
+    rows = _rows(out, "public_t")
+    assert [(r["id"], r["v"], r["n"], r[DELETED]) for r in rows] == [
+        (1, "b", 11, False),
+        (2, None, None, True),
+        (3, "x", None, False),
+    ]
+    assert {r["_offset"] for r in rows} == {500}
+
+
+def test_unsent_toast_comes_from_the_old_row_or_the_keys_earlier_change_else_errors():
+    changes = ChangeBatches([SPEC], "upsert", "wal")
+    txn = [
+        ("public_t", Change("c", None, ("1", "big", "1"))),
+        ("public_t", Change("u", None, ("1", UNCHANGED, "2"))),  # from the insert before it
+        ("public_t", Change("u", ("2", "old big", "0"), ("2", UNCHANGED, "3"))),  # replica identity full
+    ]
+    out = list(changes.transaction(600, 600, 1, txn))
+    out += list(changes.transaction(700, 700, 2, [("public_t", Change("u", None, ("4", UNCHANGED, "5")))]))
+    out += list(changes.finish())
+    assert [(r["id"], r["v"], r["n"]) for r in _rows(out, "public_t")] == [(1, "big", 2), (2, "old big", 3)]
+    errors = _rows(out, ERRORS)
+    assert [(e["_offset"], e["kind"]) for e in errors] == [(700, "unchanged_toast")]
+    assert 'ALTER TABLE "public"."t" REPLICA IDENTITY FULL' in errors[0]["message"]
+
+
+def test_a_value_its_type_cannot_hold_goes_to_errors_at_its_commit():
+    changes = ChangeBatches([SPEC], "append", "wal")
+    txn = [("public_t", Change("c", None, ("1", "a", "12"))), ("public_t", Change("c", None, ("x", "b", "1")))]
+    out = list(changes.transaction(800, 800, 3, txn)) + list(changes.finish())
+    rows = _rows(out, "public_t")
+    assert [(r["after"]["id"], r["op"], r["seq"], r["xid"]) for r in rows] == [(1, "c", 0, 3)]
+    assert [(e["_offset"], e["kind"]) for e in _rows(out, ERRORS)] == [(800, "decode")]
+
+
+def test_an_upsert_output_cannot_follow_a_truncate():
+    changes = ChangeBatches([SPEC], "upsert", "wal")
+    with pytest.raises(DefiniteSourceError, match=r"table public\.t was truncated"):
+        list(changes.transaction(900, 900, 4, [("public_t", Change("t", None, None))]))
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"dsn": ""}, "dsn"),
+        ({"tables": "t"}, "tables"),
+        ({"tables": ["a.b.c-d"]}, "tables"),
+        ({"tables": ["t", "public.t"]}, "tables"),
+        ({"envelope": "debezium"}, "envelope"),
+        ({"slot": "Bad-Name"}, "slot"),
+        ({"snapshot_chunk_pages": 0}, "snapshot_chunk_pages"),
+        ({"read_timeout_s": 0}, "read_timeout_s"),
+    ],
+)
+def test_a_bad_option_is_one_line_naming_it(override, field):
+    options = {
+        "dsn": "host=127.0.0.1",
+        "tables": ["t"],
+        "envelope": "upsert",
+        "slot": "s",
+        "publication": "p",
+        "snapshot": True,
+        "snapshot_chunk_pages": 8,
+        "read_timeout_s": 1.0,
+        "feedback_interval_s": 1.0,
+        **override,
+    }
+    with pytest.raises(ConfigError) as error:
+        PostgresOptions.check(**options)
+    assert error.value.field == field and "\n" not in str(error.value)
+
+
+def test_a_pipelines_slot_is_a_legal_slot_name():
+    assert slot_name("Orders-EU") == "reclock_orders_eu"
