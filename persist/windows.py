@@ -155,14 +155,16 @@ class InputScan:
                 files.append(_File(location, lo, hi))
         self._files = files
 
-    def windows(self, lo: IntoTime, hi: IntoTime, size: int) -> list[IntoTime]:
-        """Starts of the windows of ``size`` in ``[lo, hi)`` that some file may have rows in."""
-        starts: set[IntoTime] = set()
+    def extents(self, lo: IntoTime, hi: IntoTime) -> list[tuple[IntoTime, IntoTime]]:
+        """Per file that may hold rows with ``lo <= _into_ts < hi``: the least and greatest into
+        time of its rows in that range (by its statistics), so a window kind can tell which of its
+        windows may have rows without reading one."""
+        out = []
         for f in self._files:
             first, last = max(f.lo, lo), min(f.hi, hi - 1)
             if first <= last:
-                starts.update(range(first // size * size, last // size * size + 1, size))
-        return sorted(starts)
+                out.append((first, last))
+        return out
 
     def batches(self, lo: IntoTime, hi: IntoTime, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
         """Rows with ``lo <= _into_ts < hi``, in file order, as record batches of ``columns``."""
