@@ -155,6 +155,11 @@ class InputScan:
                 files.append(_File(location, lo, hi))
         self._files = files
 
+    @property
+    def least(self) -> IntoTime | None:
+        """The least into time of any row (``None`` for an empty table): nothing lies before it."""
+        return min((f.lo for f in self._files), default=None)
+
     def extents(self, lo: IntoTime, hi: IntoTime) -> list[tuple[IntoTime, IntoTime]]:
         """Per file that may hold rows with ``lo <= _into_ts < hi``: the least and greatest into
         time of its rows in that range (by its statistics), so a window kind can tell which of its

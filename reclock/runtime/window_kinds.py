@@ -61,6 +61,13 @@ def due(window: Window, upper: IntoTime, finished: bool) -> IntoTime:
         if finished and upper > 0:
             return (upper - 1) // slide * slide + size  # type: ignore[operator]
         return (upper - size) // slide * slide + size  # type: ignore[operator]
+    if window.kind == "session":
+        # A session [first, last + gap) is closed once the upper reaches its end; the label moves
+        # in steps of gap (a commit per gap of into time at most), and once finished, past all.
+        gap = window.gap_ms
+        if finished and upper > 0:
+            return ((upper - 1 + gap) // gap + 1) * gap  # type: ignore[operator]
+        return upper // gap * gap  # type: ignore[operator]
     step, most = window.step_ms, window.max_size_ms
     if finished and upper > 0:
         return ((upper - 1) // most + 1) * most  # type: ignore[operator]

@@ -130,7 +130,7 @@ class State:
     def _merge(self, state: pa.Table) -> pa.Table:
         """One state row per group: the rows of ``state`` merged by their group columns."""
         group_by = list(self.window.group_by)
-        gid, keys = _group_ids(state, group_by)
+        gid, keys = group_ids(state, group_by)
         specs, names = [], []
         for i, agg in enumerate(self.window.parsed):
             if agg.function in _MERGE:
@@ -204,7 +204,7 @@ def _average(total: pa.ChunkedArray, count: pa.ChunkedArray) -> pa.Array:
     return pa.array([int(t) / n if n else None for t, n in pairs], pa.float64())
 
 
-def _group_ids(state: pa.Table, group_by: list[str]) -> tuple[np.ndarray, pa.Table]:
+def group_ids(state: pa.Table, group_by: list[str]) -> tuple[np.ndarray, pa.Table]:
     """Per row its group's index, and the groups' key columns in that order (null keys group too)."""
     n = state.num_rows
     if not group_by:

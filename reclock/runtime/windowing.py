@@ -31,6 +31,7 @@ from reclock.persist.lake import Lake
 from reclock.persist.store import LakePath
 from reclock.persist.windows import InputScan, WindowTable, window_path
 from reclock.runtime.window_kinds import Span, closing_spans, due
+from reclock.runtime.window_sessions import session_rows
 from reclock.runtime.window_state import (
     EXACT_SUM,
     LINEAGE_ORDER,
@@ -157,6 +158,10 @@ class WindowCloser:
             return 0
         planned = self.table.upper
         self._scan.refresh()
+        if self.window.kind == "session":
+            rows = self._having(session_rows(self.window, self._scan, self._input, self.table.schema, planned, target))
+            self._commit([rows], target, planned)
+            return rows.num_rows
         extents = self._scan.extents(planned - self.window.longest_ms + 1, target)
         waiting: list[pa.Table] = []
         emitted = 0

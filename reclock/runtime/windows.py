@@ -7,7 +7,9 @@ says which windows:
 - ``tumbling`` (``size_ms``): ``[k * size, (k + 1) * size)``, aligned to the epoch;
 - ``hop`` (``size_ms``, ``slide_ms``): ``[k * slide, k * slide + size)``, overlapping;
 - ``cumulate`` (``step_ms``, ``max_size_ms``): ``[b, b + j * step)`` for ``j = 1 .. max/step``
-  in each tumbling ``[b, b + max)``: a growing prefix of it, emitted every step.
+  in each tumbling ``[b, b + max)``: a growing prefix of it, emitted every step;
+- ``session`` (``gap_ms``): per group, a run of rows each less than ``gap`` after the one before,
+  ``[first, last + gap)``.
 
 Each window ``[s, e)`` is emitted once the input's upper (its commit label + 1, see
 ``docs/concepts.md``) reaches ``e``, because from then on no row with an into time inside it can
@@ -51,8 +53,9 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "tumbling": ("size_ms",),
     "hop": ("size_ms", "slide_ms"),
     "cumulate": ("step_ms", "max_size_ms"),
+    "session": ("gap_ms",),
 }
-_SIZES = ("size_ms", "slide_ms", "step_ms", "max_size_ms")
+_SIZES = ("size_ms", "slide_ms", "step_ms", "max_size_ms", "gap_ms")
 
 _CALL = re.compile(r"^\s*(\w+)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -109,6 +112,7 @@ class Window:
     slide_ms: int | None = None
     step_ms: int | None = None
     max_size_ms: int | None = None
+    gap_ms: int | None = None
     having: str | None = None
     from_window: str | None = None
     parsed: tuple[Aggregate, ...] = field(init=False, repr=False, compare=False)
@@ -176,7 +180,8 @@ class Window:
     @property
     def longest_ms(self) -> int:
         """The longest window of this kind, in into time: how far before its end it reads."""
-        return self.max_size_ms if self.kind == "cumulate" else self.size_ms  # type: ignore[return-value]
+        lengths = {"cumulate": self.max_size_ms, "session": self.gap_ms}
+        return lengths.get(self.kind, self.size_ms)  # type: ignore[return-value]
 
     def window_of(self, into_ts: int) -> int:
         """Start of the tumbling window holding ``into_ts``."""
@@ -239,6 +244,7 @@ def parse_windows(raw: Any, file: str | None = None) -> tuple[Window, ...]:
                     slide_ms=section.get("slide_ms"),
                     step_ms=section.get("step_ms"),
                     max_size_ms=section.get("max_size_ms"),
+                    gap_ms=section.get("gap_ms"),
                     having=section.get("having"),
                     from_window=section.get("from"),
                 )
@@ -320,6 +326,8 @@ def _check_tilt(window: Window, earlier: Mapping[str, tuple[Window, Any]]) -> An
         known = ", ".join(earlier) or "none"
         raise ConfigError(where, f"no window {window.from_window!r} is defined before it (known: {known})")
     finer, schema = earlier[window.from_window]  # type: ignore[index]
+    if window.kind == "session":
+        raise ConfigError(where, "a session window reads an output: its sessions need every row's into time")
     if finer.kind != "tumbling" or finer.having is not None:
         raise ConfigError(where, f"window {finer.name!r} must be a tumbling window without having to feed another")
     lengths = [getattr(window, key) for key in KINDS[window.kind]]

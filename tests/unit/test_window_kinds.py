@@ -41,6 +41,8 @@ def oracle(rows: list[dict], w: Window, upper: int, keep=lambda row: True) -> li
     """Each span ending at or below ``upper``: its rows grouped and aggregated; no rows, no row."""
     ordered = sorted(rows, key=lambda r: (r["_into_ts"], r["_partition"], r["_offset"]))
     out = []
+    if w.kind == "session":
+        return [row for row in sessions(ordered, w, upper) if keep(row)]
     for lo, end in spans(w, upper):
         if not 0 < end <= upper:
             continue
@@ -56,6 +58,34 @@ def oracle(rows: list[dict], w: Window, upper: int, keep=lambda row: True) -> li
             row["_into_ts"] = end - 1
             if keep(row):
                 out.append(row)
+    return out
+
+
+def sessions(ordered: list[dict], w: Window, upper: int) -> list[dict]:
+    """Per group, runs of rows each less than ``gap`` after the one before; those ended by ``upper``."""
+    runs: dict[tuple, list[list[dict]]] = {}
+    for r in ordered:
+        group = runs.setdefault(tuple(r[c] for c in w.group_by), [])
+        if group and r["_into_ts"] - group[-1][-1]["_into_ts"] < w.gap_ms:
+            group[-1].append(r)
+        else:
+            group.append([r])
+    out = []
+    for key, members_of in runs.items():
+        for members in members_of:
+            end = members[-1]["_into_ts"] + w.gap_ms
+            if end > upper:
+                continue
+            row = {
+                "_window_start": members[0]["_into_ts"],
+                "_window_end": end,
+                **dict(zip(w.group_by, key, strict=True)),
+            }
+            for agg in w.parsed:
+                values = [m[agg.column] for m in members] if agg.column else [1] * len(members)
+                row[agg.name] = _aggregate(agg.function, values)
+            row["_into_ts"] = end - 1
+            out.append(row)
     return out
 
 
@@ -80,6 +110,7 @@ def same(got: list[dict], want: list[dict]) -> None:
 
 
 HOP = Window("w", "bids", 1000, AGGREGATES, ("g",), kind="hop", slide_ms=400)
+SESSION = Window("w", "bids", None, AGGREGATES, ("g",), kind="session", gap_ms=500)
 CUMULATE = Window("w", "bids", None, AGGREGATES, ("g",), kind="cumulate", step_ms=300, max_size_ms=1200)
 
 
@@ -162,9 +193,9 @@ def test_every_kind_round_trips_through_toml_and_a_tumbling_window_stores_what_i
 # -- emission ----------------------------------------------------------------------------------
 
 
-def steps(lake: Path, windows: list[Window], ticks: dict[int, list[tuple[int, dict]]]):
+def steps(lake: Path, windows: list[Window], ticks: dict[int, list[tuple[int, dict]]], clock: FakeClock | None = None):
     source = MemorySource({"bids": SCHEMA})
-    clock = FakeClock(1000)
+    clock = clock or FakeClock(1000)
     pipeline = start(lake, source, clock, windows=windows)
     for ms, rows in ticks.items():
         clock.ms = ms
@@ -246,15 +277,38 @@ def test_a_tilt_chain_of_three_resolutions_equals_each_computed_from_the_raw_out
     assert len(read_window(tmp_path, "h1")[0]) == 6  # [0, 3600), [3600, 7200), [7200, 10800): both groups
 
 
+def test_a_session_closes_when_the_output_passes_its_last_row_plus_gap_and_is_read_back_whole(tmp_path):
+    # Group a: rows every 400 ms from 1000 to 4200, one session [1000, 4700); b: two sessions.
+    ticks = {ms: [(0, {"g": "a", "v": ms})] for ms in range(1000, 4300, 400)}
+    ticks[1100] = [(1, {"g": "b", "v": 1})]
+    ticks[3000] = [*ticks.get(3000, []), (1, {"g": "b", "v": 2})]
+    clock = FakeClock(1000)
+    pipeline = steps(tmp_path, [SESSION], dict(sorted(ticks.items())), clock)
+    rows, label, _ = read_window(tmp_path)
+    assert label == 3999  # upper 4201: the label moves in steps of gap; a's session is still open
+    assert sorted((r["_window_start"], r["_window_end"], r["g"], r["n"]) for r in rows) == [
+        (1100, 1600, "b", 1),
+        (3000, 3500, "b", 1),
+    ]
+    clock.ms = 5000
+    pipeline.step()  # a time-only binding at 5000: a's session [1000, 4700) closes, read back whole
+    rows, label, _ = read_window(tmp_path)
+    assert label == 4999
+    assert (1000, 4700, "a", 9) in [(r["_window_start"], r["_window_end"], r["g"], r["n"]) for r in rows]
+    same(rows, oracle(output_rows(tmp_path), SESSION, label + 1))
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     script=SCRIPT,
-    kind=st.sampled_from([HOP, CUMULATE, Window("w", "bids", 700, AGGREGATES, ("g",), having="n > 1 OR g = 'a'")]),
+    kind=st.sampled_from(
+        [HOP, CUMULATE, SESSION, Window("w", "bids", 700, AGGREGATES, ("g",), having="n > 1 OR g = 'a'")]
+    ),
     step=st.sampled_from(STEPS),
     nth=st.integers(1, 3),
     max_groups=st.sampled_from([3, 1000]),
 )
-def test_crash_anywhere_then_restart_emits_every_hop_cumulate_and_having_window_once(
+def test_crash_anywhere_then_restart_emits_every_hop_cumulate_session_and_having_window_once(
     tmp_path_factory, script, kind, step, nth, max_groups
 ):
     import dataclasses
@@ -287,3 +341,20 @@ def test_a_tilt_frame_adds_the_finer_windows_exact_sums_exactly(tmp_path):
     assert label == 1199 and len(rows) == 1
     assert rows[0]["total"] == 3 * 2**62 and rows[0]["mean"] == 1.5 * 2**62
     assert pa.types.is_decimal(pa.scalar(rows[0]["total"]).type)
+
+
+def test_sessions_past_max_groups_fail_the_pipeline_and_a_higher_bound_then_emits_them_whole(tmp_path):
+    from reclock.runtime.windowing import MaxGroupsExceeded
+
+    ticks = {1000: [(0, {"g": g, "v": 1}) for g in "abc"], 2000: [(0, {"g": "a", "v": 2})], 2100: []}
+    tight = Window("w", "bids", None, {"n": "count(*)"}, ("g",), 2, kind="session", gap_ms=500)
+    with pytest.raises(MaxGroupsExceeded, match="more than max_groups=2 sessions"):
+        steps(tmp_path, [tight], ticks)
+    assert read_window(tmp_path)[0] == []  # nothing half-emitted
+    roomy = Window("w", "bids", None, {"n": "count(*)"}, ("g",), 3, kind="session", gap_ms=500)
+    clock = FakeClock(2600)
+    source = MemorySource({"bids": SCHEMA})
+    start(tmp_path, source, clock, windows=[roomy]).close_windows()
+    rows, label, _ = read_window(tmp_path)
+    assert label == 1999
+    assert sorted((r["g"], r["n"]) for r in rows) == [("a", 1), ("b", 1), ("c", 1)]
