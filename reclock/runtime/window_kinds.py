@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from reclock.runtime.windows import Window
 from reclock.timeline.frontier import IntoTime
 
-__all__ = ["Span", "closing_spans", "due", "spans_touching"]
+__all__ = ["Span", "closing_spans", "due", "every_span", "spans_touching"]
 
 #: A window's ``(start, end)`` in into time: it holds ``start <= _into_ts < end``.
 Span = tuple[IntoTime, IntoTime]
@@ -86,4 +86,16 @@ def closing_spans(
         first, last = max(first, reach), min(last, hi - 1)
         if first <= last:
             spans.update(s for s in spans_touching(window, first, last) if lo < s[1] <= hi)
+    return sorted(spans, key=lambda s: s[1])
+
+
+def every_span(window: Window, lo: IntoTime, hi: IntoTime, least: IntoTime | None) -> list[Span]:
+    """Every span ending in ``(lo, hi]`` and after ``least`` (the input's first into time), rows
+    or not, in the order of their ends: what a window with ``empty = true`` emits."""
+    if least is None:
+        return []
+    first = max(least, lo - window.longest_ms + 1)
+    if first > hi - 1:
+        return []
+    spans = {s for s in spans_touching(window, first, hi - 1) if lo < s[1] <= hi and s[1] > least}
     return sorted(spans, key=lambda s: s[1])

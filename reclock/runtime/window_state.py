@@ -24,7 +24,7 @@ from reclock.errors import DefiniteSourceError
 from reclock.runtime.windows import WINDOW_END, WINDOW_START, Aggregate, Window
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 
-__all__ = ["EXACT_SUM", "MaxGroupsExceeded", "State", "SumOutOfRange", "window_schema"]
+__all__ = ["EXACT_SUM", "MaxGroupsExceeded", "State", "SumOutOfRange", "window_schema", "zero_row"]
 
 #: The order ``first`` and ``last`` follow over an output's rows.
 LINEAGE_ORDER = (INTO_TS, PARTITION, OFFSET)
@@ -61,6 +61,14 @@ def window_schema(window: Window, input_schema: pa.Schema) -> pa.Schema:
     for agg in window.parsed:
         fields.append(pa.field(agg.name, _result_type(agg, input_schema)))
     return pa.schema(fields)
+
+
+def zero_row(window: Window, schema: pa.Schema, start: int, end: int) -> pa.Table:
+    """The row of a span with no rows (``empty = true``): counts 0, every other aggregate null,
+    as SQL's aggregates over no rows are."""
+    row: dict[str, object] = {WINDOW_START: start, WINDOW_END: end, INTO_TS: end - 1}
+    row |= {agg.name: 0 if agg.function == "count" else None for agg in window.parsed}
+    return pa.Table.from_pylist([row], schema=schema)
 
 
 def _result_type(agg: Aggregate, schema: pa.Schema) -> pa.DataType:

@@ -30,7 +30,7 @@ from reclock.errors import describe
 from reclock.persist.lake import Lake
 from reclock.persist.store import LakePath
 from reclock.persist.windows import InputScan, WindowTable, window_path
-from reclock.runtime.window_kinds import Span, closing_spans, due
+from reclock.runtime.window_kinds import Span, closing_spans, due, every_span
 from reclock.runtime.window_sessions import session_rows
 from reclock.runtime.window_state import (
     EXACT_SUM,
@@ -39,6 +39,7 @@ from reclock.runtime.window_state import (
     State,
     SumOutOfRange,
     window_schema,
+    zero_row,
 )
 from reclock.runtime.windows import Window, check_windows
 from reclock.sources.base import Output
@@ -165,7 +166,11 @@ class WindowCloser:
         extents = self._scan.extents(planned - self.window.longest_ms + 1, target)
         waiting: list[pa.Table] = []
         emitted = 0
-        for span in closing_spans(self.window, extents, planned, target):
+        if self.window.empty:
+            spans = every_span(self.window, planned, target, self._scan.least)
+        else:
+            spans = closing_spans(self.window, extents, planned, target)
+        for span in spans:
             rows = self._having(self._compute(span))
             if rows.num_rows:
                 waiting.append(rows)
@@ -188,6 +193,8 @@ class WindowCloser:
         state = State(self.window, self._input, self._order, f"[{start}, {end})")
         for batch in self._scan.batches(start, end, columns):
             state.add(pa.Table.from_batches([batch]))
+        if state.rows is None and self.window.empty:
+            return zero_row(self.window, self.table.schema, start, end)
         return state.result(self.table.schema, start, end)
 
     def _having(self, rows: pa.Table) -> pa.Table:

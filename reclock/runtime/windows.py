@@ -59,7 +59,7 @@ _SIZES = ("size_ms", "slide_ms", "step_ms", "max_size_ms", "gap_ms")
 
 _CALL = re.compile(r"^\s*(\w+)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_KEYS = ("name", "kind", "output", "from", *_SIZES, "group_by", "aggregates", "having", "max_groups")
+_KEYS = ("name", "kind", "output", "from", *_SIZES, "group_by", "aggregates", "having", "empty", "max_groups")
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ class Window:
     window may hold in memory; a window with more fails the pipeline with an error naming it, and
     since windows are recomputed from their input table, raising the bound and restarting emits it
     whole (see ``docs/windows.md``). ``having`` is a SQL predicate over the emitted columns; a row
-    it is not true for is not written.
+    it is not true for is not written. ``empty`` emits a row for a span with no rows too (counts
+    0, other aggregates null), from the input's first row on, so a dashboard sees zeros.
     """
 
     name: str
@@ -115,6 +116,7 @@ class Window:
     gap_ms: int | None = None
     having: str | None = None
     from_window: str | None = None
+    empty: bool = False
     parsed: tuple[Aggregate, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -146,6 +148,12 @@ class Window:
                 raise ConfigError(f"{where}.{key}", "must name what the window reads")
         if self.having is not None and (not isinstance(self.having, str) or not self.having.strip()):
             raise ConfigError(f"{where}.having", "must be a SQL predicate over the window's columns")
+        if not isinstance(self.empty, bool):
+            raise ConfigError(f"{where}.empty", f"must be true or false, got {self.empty!r}")
+        if self.empty and (self.group_by or self.kind == "session"):
+            raise ConfigError(
+                f"{where}.empty", "needs a window of fixed spans without group_by (which groups would be empty?)"
+            )
         object.__setattr__(self, "group_by", tuple(self.group_by))
         if not all(isinstance(c, str) for c in self.group_by) or len(set(self.group_by)) < len(self.group_by):
             raise ConfigError(f"{where}.group_by", f"must be distinct column names, got {list(self.group_by)!r}")
@@ -201,6 +209,8 @@ class Window:
         out |= {"group_by": list(self.group_by), "aggregates": dict(self.aggregates)}
         if self.having is not None:
             out["having"] = self.having
+        if self.empty:
+            out["empty"] = True
         out["max_groups"] = self.max_groups
         return out
 
@@ -247,6 +257,7 @@ def parse_windows(raw: Any, file: str | None = None) -> tuple[Window, ...]:
                     gap_ms=section.get("gap_ms"),
                     having=section.get("having"),
                     from_window=section.get("from"),
+                    empty=section.get("empty", False),
                 )
             )
         except ConfigError as exc:

@@ -358,3 +358,21 @@ def test_sessions_past_max_groups_fail_the_pipeline_and_a_higher_bound_then_emit
     rows, label, _ = read_window(tmp_path)
     assert label == 1999
     assert sorted((r["g"], r["n"]) for r in rows) == [("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_empty_windows_are_emitted_with_zero_counts_from_the_first_row_on_as_the_frontier_passes_them(tmp_path):
+    aggs = {"n": "count(*)", "total": "sum(v)", "last_v": "last(v)"}
+    tumbling = Window("w", "bids", 500, aggs, empty=True)
+    hop = Window("h", "bids", 1000, aggs, kind="hop", slide_ms=500, empty=True, having="n = 0 OR total > 1")
+    ticks = {1200: [(0, {"g": "a", "v": 2})], 1300: [(1, {"g": "b", "v": 1})], 2000: [], 2600: [], 3100: []}
+    steps(tmp_path, [tumbling, hop], ticks, FakeClock(1200))
+    rows, label, _ = read_window(tmp_path)
+    assert label == 2999  # time-only bindings every 0.5 s carried the upper to 3101
+    got = sorted((r["_window_start"], r["n"], r["total"], r["last_v"]) for r in rows)
+    assert got == [(1000, 2, 3, 1), (1500, 0, None, None), (2000, 0, None, None), (2500, 0, None, None)]
+    hops, label, _ = read_window(tmp_path, "h")
+    assert label == 2999
+    # [500, 1500) and [1000, 2000) hold both rows (total 3); the rest are empty; none before 1200.
+    assert sorted((r["_window_start"], r["n"]) for r in hops) == [(500, 2), (1000, 2), (1500, 0), (2000, 0)]
+    with pytest.raises(ConfigError, match="without group_by"):
+        Window("w", "bids", 500, aggs, ("g",), empty=True)
