@@ -19,29 +19,36 @@ from collections.abc import Iterable, Iterator
 from reclock.runtime.windows import Window
 from reclock.timeline.frontier import IntoTime
 
-__all__ = ["Span", "closing_spans", "due", "every_span", "spans_touching"]
+__all__ = ["Span", "closing_spans", "due", "every_span", "ms", "spans_touching"]
 
 #: A window's ``(start, end)`` in into time: it holds ``start <= _into_ts < end``.
 Span = tuple[IntoTime, IntoTime]
 
 
+def ms(window: Window, key: str) -> int:
+    """A length setting of ``window``'s kind (``size_ms``...), which its definition requires."""
+    value = getattr(window, key)
+    assert isinstance(value, int), f"{window.kind} window {window.name!r} without {key}"
+    return value
+
+
 def spans_touching(window: Window, first: IntoTime, last: IntoTime) -> Iterator[Span]:
     """The spans of ``window`` that hold some into time in ``[first, last]``."""
     if window.kind == "tumbling":
-        size = window.size_ms
-        for start in range(first // size * size, last // size * size + 1, size):  # type: ignore[operator]
-            yield start, start + size  # type: ignore[operator]
+        size = ms(window, "size_ms")
+        for start in range(first // size * size, last // size * size + 1, size):
+            yield start, start + size
     elif window.kind == "hop":
-        size, slide = window.size_ms, window.slide_ms
+        size, slide = ms(window, "size_ms"), ms(window, "slide_ms")
         # [k * slide, k * slide + size) holds t iff (t - size) / slide < k <= t / slide.
-        for k in range((first - size) // slide + 1, last // slide + 1):  # type: ignore[operator]
-            yield k * slide, k * slide + size  # type: ignore[operator]
+        for k in range((first - size) // slide + 1, last // slide + 1):
+            yield k * slide, k * slide + size
     else:
-        step, most = window.step_ms, window.max_size_ms
-        for base in range(first // most * most, last // most * most + 1, most):  # type: ignore[operator]
+        step, most = ms(window, "step_ms"), ms(window, "max_size_ms")
+        for base in range(first // most * most, last // most * most + 1, most):
             # [base, base + j * step) holds t >= base iff j > (t - base) / step.
-            for j in range((max(first, base) - base) // step + 1, most // step + 1):  # type: ignore[operator]
-                yield base, base + j * step  # type: ignore[operator]
+            for j in range((max(first, base) - base) // step + 1, most // step + 1):
+                yield base, base + j * step
 
 
 def due(window: Window, upper: IntoTime, finished: bool) -> IntoTime:
@@ -52,26 +59,26 @@ def due(window: Window, upper: IntoTime, finished: bool) -> IntoTime:
     into time (``upper - 1``) are closed too: the due is the greatest end among them.
     """
     if window.kind == "tumbling":
-        size = window.size_ms
+        size = ms(window, "size_ms")
         if finished and upper > 0:
-            return ((upper - 1) // size + 1) * size  # type: ignore[operator]
-        return upper // size * size  # type: ignore[operator]
+            return ((upper - 1) // size + 1) * size
+        return upper // size * size
     if window.kind == "hop":
-        size, slide = window.size_ms, window.slide_ms
+        size, slide = ms(window, "size_ms"), ms(window, "slide_ms")
         if finished and upper > 0:
-            return (upper - 1) // slide * slide + size  # type: ignore[operator]
-        return (upper - size) // slide * slide + size  # type: ignore[operator]
+            return (upper - 1) // slide * slide + size
+        return (upper - size) // slide * slide + size
     if window.kind == "session":
         # A session [first, last + gap) is closed once the upper reaches its end; the label moves
         # in steps of gap (a commit per gap of into time at most), and once finished, past all.
-        gap = window.gap_ms
+        gap = ms(window, "gap_ms")
         if finished and upper > 0:
-            return ((upper - 1 + gap) // gap + 1) * gap  # type: ignore[operator]
-        return upper // gap * gap  # type: ignore[operator]
-    step, most = window.step_ms, window.max_size_ms
+            return ((upper - 1 + gap) // gap + 1) * gap
+        return upper // gap * gap
+    step, most = ms(window, "step_ms"), ms(window, "max_size_ms")
     if finished and upper > 0:
-        return ((upper - 1) // most + 1) * most  # type: ignore[operator]
-    return upper // step * step  # type: ignore[operator]
+        return ((upper - 1) // most + 1) * most
+    return upper // step * step
 
 
 def closing_spans(

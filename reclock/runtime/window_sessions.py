@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from reclock.persist.windows import InputScan
+from reclock.runtime.window_kinds import ms
 from reclock.runtime.window_state import LINEAGE_ORDER, MaxGroupsExceeded, State, group_ids, window_schema
 from reclock.runtime.windows import WINDOW_END, WINDOW_START, Window
 from reclock.timeline.frontier import INTO_TS, IntoTime
@@ -37,18 +38,18 @@ def session_rows(
 ) -> pa.Table:
     """The rows of every session of ``window`` ending in ``(lo, hi]``, in the table's ``schema``,
     ordered by end and group; ``scan`` is refreshed already."""
-    gap = window.gap_ms
+    gap = ms(window, "gap_ms")
     order = LINEAGE_ORDER if window.ordered else (INTO_TS,)
     columns = list(dict.fromkeys([*window.columns, *order]))
-    begin, step = lo - gap + 1, gap  # type: ignore[operator]
+    begin, step = lo - gap + 1, gap
     least = scan.least
     while True:
         rows = _read(scan, begin, hi, columns, input_schema)
-        session, first, last = _sessions(rows, window, gap)  # type: ignore[arg-type]
-        closing = (last + gap > lo) & (last + gap <= hi)  # type: ignore[operator]
+        session, first, last = _sessions(rows, window, gap)
+        closing = (last + gap > lo) & (last + gap <= hi)
         starts = first[closing]
         # Step: a closing session whose first row has room for an earlier one before the range.
-        if not len(starts) or least is None or starts.min() - gap + 1 >= begin or begin <= least:  # type: ignore[operator]
+        if not len(starts) or least is None or starts.min() - gap + 1 >= begin or begin <= least:
             break
         begin, step = max(begin - step, least), step * 2
     if not closing.any():
@@ -61,7 +62,7 @@ def session_rows(
     inner = window_schema(by_session, rows.schema).append(pa.field(INTO_TS, pa.int64()))
     done = state.result(inner, 0, 0)
     ids = done.column(_SESSION).to_numpy()
-    ends = last[ids] + gap  # type: ignore[operator]
+    ends = last[ids] + gap
     done = done.set_column(0, WINDOW_START, pa.array(first[ids]))
     done = done.set_column(1, WINDOW_END, pa.array(ends))
     done = done.set_column(done.schema.get_field_index(INTO_TS), INTO_TS, pa.array(ends - 1))

@@ -288,7 +288,7 @@ def check_windows(windows: Iterable[Window], outputs: Sequence[Any]) -> None:
         if window.from_window is not None:
             schema = _check_tilt(window, tables)
         else:
-            output = by_name.get(window.output)  # type: ignore[arg-type]
+            output = by_name.get(window.output)
             if output is None:
                 known = ", ".join(sorted(by_name)) or "none"
                 raise ConfigError(f"{where}.output", f"the pipeline has no output {window.output!r} (known: {known})")
@@ -342,7 +342,7 @@ def _check_tilt(window: Window, earlier: Mapping[str, tuple[Window, Any]]) -> An
     if finer.kind != "tumbling" or finer.having is not None:
         raise ConfigError(where, f"window {finer.name!r} must be a tumbling window without having to feed another")
     lengths = [getattr(window, key) for key in KINDS[window.kind]]
-    if any(n % finer.size_ms for n in lengths):  # type: ignore[operator]
+    if any(n % finer.size_ms for n in lengths):
         raise ConfigError(where, f"the window's sizes must be multiples of {finer.name!r}'s size_ms={finer.size_ms}")
     if window.ordered and tuple(window.group_by) != tuple(finer.group_by):
         raise ConfigError(
