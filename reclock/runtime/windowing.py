@@ -30,6 +30,7 @@ from reclock.errors import describe
 from reclock.persist.lake import Lake
 from reclock.persist.store import LakePath
 from reclock.persist.windows import InputScan, WindowTable, window_path
+from reclock.runtime.window_events import event_pass, late_schema
 from reclock.runtime.window_kinds import Span, closing_spans, due, every_span
 from reclock.runtime.window_sessions import session_rows
 from reclock.runtime.window_state import (
@@ -99,8 +100,10 @@ class Windows:
             log.warning("pipeline %s: closing windows failed, retried next step: %s", self.pipeline, describe(exc))
 
     def paths(self) -> dict[str, LakePath]:
-        """The window tables, named for maintenance reports (``windows/<name>``)."""
-        return {f"windows/{c.window.name}": c.table.path for c in self.closers}
+        """The window tables (and late tables), named for maintenance reports (``windows/<name>``)."""
+        tables = {f"windows/{c.window.name}": c.table.path for c in self.closers}
+        tables |= {f"windows/{c.window.name}_late": c.late.path for c in self.closers if c.late is not None}
+        return tables
 
 
 class WindowCloser:
@@ -126,8 +129,13 @@ class WindowCloser:
         # max_groups changes no window's content, only what may be held: it may change freely.
         definition = {k: v for k, v in window.to_dict().items() if k != "max_groups"}
         self.table = WindowTable(lake, pipeline, window.name, window_schema(window, input_schema), definition)
+        self.late: WindowTable | None = None
+        if window.time_column is not None:  # the late rows' table, labelled like the window's
+            own = late_schema(input_schema)
+            self.late = WindowTable(lake, pipeline, f"{window.name}_late", own, {"late_of": window.name})
         if finer is None:
-            self._scan = InputScan(lake.store, lake.output_path(pipeline, window.output))  # type: ignore[arg-type]
+            output = lake.output_path(pipeline, window.output)  # type: ignore[arg-type]
+            self._scan = InputScan(lake.store, output, window.time_column)
             self._order: tuple[str, ...] = LINEAGE_ORDER if window.ordered else (INTO_TS,)
         else:  # one row per group and finer window: into time alone orders them (check_windows)
             self._scan = InputScan(lake.store, window_path(lake, pipeline, finer.window.name))
@@ -141,6 +149,8 @@ class WindowCloser:
     def due(self, input_upper: IntoTime, finished: bool) -> IntoTime:
         """The upper the table should reach: the end of the last window ``input_upper`` closes
         (and once the pipeline is ``finished``, of those holding its last into time too)."""
+        if self.window.time_column is not None:  # event time: every pass over new into times
+            return input_upper + 1 if finished else input_upper
         return due(self.window, input_upper, finished)
 
     def current(self, input_upper: IntoTime, finished: bool) -> bool:
@@ -159,6 +169,11 @@ class WindowCloser:
             return 0
         planned = self.table.upper
         self._scan.refresh()
+        if self.late is not None:
+            emitted = 0
+            while self.table.upper < target:  # twice after a crash between the two commits
+                emitted += self._close_events(input_upper, target, self.table.upper, finished)
+            return emitted
         if self.window.kind == "session":
             rows = self._having(session_rows(self.window, self._scan, self._input, self.table.schema, planned, target))
             self._commit([rows], target, planned)
@@ -180,6 +195,26 @@ class WindowCloser:
                 planned, waiting = span[1], []
         self._commit(waiting, target, planned)
         return emitted
+
+    def _close_events(self, input_upper: IntoTime, target: IntoTime, planned: IntoTime, finished: bool) -> int:
+        """One event-time pass: late rows first, then the windows, both labelled ``target - 1``.
+
+        A crash between the two commits leaves the late table ahead; the pass is then redone to
+        exactly its target, so the late commit is recognised by its label and the windows land
+        as they would have (see :mod:`reclock.runtime.window_events`)."""
+        assert self.late is not None
+        ahead = self.late.refresh()
+        if ahead > planned:  # redo exactly the pass the late table holds
+            finished = finished and ahead > input_upper
+            target = ahead
+        rows, late = event_pass(
+            self.window, self._scan, self._input, self.table.schema, planned, min(target, input_upper), finished
+        )
+        self.late.commit(late.cast(self.late.schema), target, planned_upper=planned)
+        self._on_commit(f"windowed:{self.window.name}_late")
+        rows = self._having(rows)
+        self._commit([rows], target, planned)
+        return rows.num_rows
 
     def _commit(self, waiting: list[pa.Table], upper: IntoTime, planned: IntoTime) -> None:
         rows = pa.concat_tables(waiting) if waiting else self.table.schema.empty_table()

@@ -59,7 +59,20 @@ _SIZES = ("size_ms", "slide_ms", "step_ms", "max_size_ms", "gap_ms")
 
 _CALL = re.compile(r"^\s*(\w+)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_KEYS = ("name", "kind", "output", "from", *_SIZES, "group_by", "aggregates", "having", "empty", "max_groups")
+_KEYS = (
+    "name",
+    "kind",
+    "output",
+    "from",
+    *_SIZES,
+    "time_column",
+    "allowed_lateness_ms",
+    "group_by",
+    "aggregates",
+    "having",
+    "empty",
+    "max_groups",
+)
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,8 @@ class Window:
     having: str | None = None
     from_window: str | None = None
     empty: bool = False
+    time_column: str | None = None
+    allowed_lateness_ms: int = 0
     parsed: tuple[Aggregate, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -154,6 +169,17 @@ class Window:
             raise ConfigError(
                 f"{where}.empty", "needs a window of fixed spans without group_by (which groups would be empty?)"
             )
+        if self.time_column is not None:
+            if not isinstance(self.time_column, str) or not self.time_column:
+                raise ConfigError(f"{where}.time_column", "must name a column of event times")
+            if self.kind != "tumbling" or self.from_window is not None or self.empty:
+                raise ConfigError(f"{where}.time_column", "event time is for tumbling windows over an output")
+        if not isinstance(self.allowed_lateness_ms, int) or isinstance(self.allowed_lateness_ms, bool):
+            raise ConfigError(
+                f"{where}.allowed_lateness_ms", f"must be a whole number >= 0, got {self.allowed_lateness_ms!r}"
+            )
+        if self.allowed_lateness_ms < 0 or (self.allowed_lateness_ms and self.time_column is None):
+            raise ConfigError(f"{where}.allowed_lateness_ms", "must be >= 0, and needs time_column")
         object.__setattr__(self, "group_by", tuple(self.group_by))
         if not all(isinstance(c, str) for c in self.group_by) or len(set(self.group_by)) < len(self.group_by):
             raise ConfigError(f"{where}.group_by", f"must be distinct column names, got {list(self.group_by)!r}")
@@ -178,6 +204,7 @@ class Window:
     def columns(self) -> tuple[str, ...]:
         """The input's columns the window reads (besides ``_into_ts`` and lineage)."""
         used = [*self.group_by, *(a.column for a in self.parsed if a.column is not None)]
+        used += [self.time_column] if self.time_column is not None else []
         return tuple(dict.fromkeys(used))
 
     @property
@@ -211,6 +238,8 @@ class Window:
             out["having"] = self.having
         if self.empty:
             out["empty"] = True
+        if self.time_column is not None:
+            out |= {"time_column": self.time_column, "allowed_lateness_ms": self.allowed_lateness_ms}
         out["max_groups"] = self.max_groups
         return out
 
@@ -258,6 +287,8 @@ def parse_windows(raw: Any, file: str | None = None) -> tuple[Window, ...]:
                     having=section.get("having"),
                     from_window=section.get("from"),
                     empty=section.get("empty", False),
+                    time_column=section.get("time_column"),
+                    allowed_lateness_ms=section.get("allowed_lateness_ms", 0),
                 )
             )
         except ConfigError as exc:
@@ -283,8 +314,12 @@ def check_windows(windows: Iterable[Window], outputs: Sequence[Any]) -> None:
 
     by_name = {o.name: o for o in outputs}
     tables: dict[str, tuple[Window, Any]] = {}
+    windows = list(windows)
+    names = {w.name for w in windows}
     for window in windows:
         where = f"windows.{window.name}"
+        if window.time_column is not None and f"{window.name}_late" in names:
+            raise ConfigError(where, f"its late rows' table is windows/{window.name}_late: rename that window")
         if window.from_window is not None:
             schema = _check_tilt(window, tables)
         else:
@@ -316,6 +351,10 @@ def _check_columns(window: Window, schema: Any, what: str) -> None:
         if column not in schema.names:
             has = ", ".join(schema.names) or "none"
             raise ConfigError(f"{where}", f"{what} has no column {column!r} (it has: {has})")
+    if window.time_column is not None:
+        kind = schema.field(window.time_column).type
+        if not (pa.types.is_integer(kind) or pa.types.is_timestamp(kind)):
+            raise ConfigError(f"{where}.time_column", f"must be epoch milliseconds or a timestamp, not {kind}")
     for agg in window.parsed:
         if agg.column is None or agg.function in ("count", "first", "last"):
             continue
