@@ -34,10 +34,20 @@ ORDERED = {"first_w": "first(w)", "last_w": "last(w)"}
 ROLL = {"n": "sum(n)", "total": "sum(total)", "lo": "min(lo)", "hi": "max(hi)", "first_w": "first(first_w)"}
 
 
-def windows(output: str, key: str) -> list[dict]:
-    """One window of each kind over ``output``, grouped by ``key``, and a tilt chain of three."""
+def windows(output: str, key: str, event: str, session_key: str) -> list[dict]:
+    """One window of each kind over ``output``, grouped by ``key``, a tilt chain of three, an
+    event-time window over ``event``; sessions by ``session_key``, whose values pause."""
     aggs = {**AGGREGATES, **ORDERED}
     return [
+        {
+            "name": "evt",
+            "output": output,
+            "size_ms": 500,
+            "time_column": event,
+            "allowed_lateness_ms": 100,
+            "group_by": [key],
+            "aggregates": aggs,
+        },
         {
             "name": "hop",
             "kind": "hop",
@@ -56,7 +66,14 @@ def windows(output: str, key: str) -> list[dict]:
             "group_by": [key],
             "aggregates": aggs,
         },
-        {"name": "ses", "kind": "session", "output": output, "gap_ms": 350, "group_by": [key], "aggregates": aggs},
+        {
+            "name": "ses",
+            "kind": "session",
+            "output": output,
+            "gap_ms": 350,
+            "group_by": [session_key],
+            "aggregates": aggs,
+        },
         {
             "name": "big",
             "output": output,
@@ -111,24 +128,24 @@ def spans(rows: pl.DataFrame, w: dict, key: str) -> pl.DataFrame:
         )
     if kind == "hop":
         size, slide = w["size_ms"], w["slide_ms"]
-        k = pl.int_ranges((ts - size) // slide + 1, ts // slide + 1).alias("k")
-        out = rows.with_columns(k).explode("k")
+        k = pl.int_ranges((ts - size) // slide + 1, ts // slide + 1).alias("__k")
+        out = rows.with_columns(k).explode("__k")
         return out.with_columns(
-            (pl.col("k") * slide).alias("_window_start"), (pl.col("k") * slide + size).alias("_window_end")
+            (pl.col("__k") * slide).alias("_window_start"), (pl.col("__k") * slide + size).alias("_window_end")
         )
     if kind == "cumulate":
         step, most = w["step_ms"], w["max_size_ms"]
         base = ts // most * most
         out = rows.with_columns(
-            base.alias("_window_start"), pl.int_ranges((ts - base) // step + 1, most // step + 1).alias("j")
+            base.alias("_window_start"), pl.int_ranges((ts - base) // step + 1, most // step + 1).alias("__j")
         )
-        return out.explode("j").with_columns((pl.col("_window_start") + pl.col("j") * step).alias("_window_end"))
+        return out.explode("__j").with_columns((pl.col("_window_start") + pl.col("__j") * step).alias("_window_end"))
     gap = w["gap_ms"]
     out = rows.sort([key, "_into_ts"]).with_columns(
-        ((ts.diff().over(key).fill_null(gap)) >= gap).cum_sum().over(key).alias("sid")
+        ((ts.diff().over(key).fill_null(gap)) >= gap).cum_sum().over(key).alias("__sid")
     )
-    bounds = out.group_by([key, "sid"]).agg(ts.min().alias("_window_start"), (ts.max() + gap).alias("_window_end"))
-    return out.join(bounds, on=[key, "sid"])
+    bounds = out.group_by([key, "__sid"]).agg(ts.min().alias("_window_start"), (ts.max() + gap).alias("_window_end"))
+    return out.join(bounds, on=[key, "__sid"])
 
 
 def recompute(rows: pl.DataFrame, w: dict, key: str, upper: int) -> list[dict]:
@@ -152,12 +169,16 @@ def recompute(rows: pl.DataFrame, w: dict, key: str, upper: int) -> list[dict]:
     ]
 
 
-def check_kinds(lake: Path, pipeline: str, output: str, defined: list[dict], key: str) -> int:
+def check_kinds(lake: Path, pipeline: str, output: str, defined: list[dict]) -> int:
     output_log = DeltaLog(lake / pipeline / "outputs" / output).refresh()
     upper = label_of(output_log, f"reclock/{pipeline}/{output}") + 1
     rows = pl.from_arrow(read_rows(output_log))
     labels: dict[str, int] = {}
     for w in defined:
+        key = w["group_by"][0]
+        if "time_column" in w:
+            check_events(lake, pipeline, rows, upper, w, key)
+            continue
         table = lake / pipeline / "windows" / w["name"]
         app_id = f"reclock/{pipeline}/windows/{w['name']}"
         label = label_of(DeltaLog(table).refresh(), app_id) + 1
@@ -176,6 +197,56 @@ def check_kinds(lake: Path, pipeline: str, output: str, defined: list[dict], key
         assert len(want) > 3, f"{w['name']}: too few windows to mean anything"
         assert_windows_equal(got, want, {"name": w["name"], "group_by": [key, "_e"]})
     return upper
+
+
+def check_events(lake: Path, pipeline: str, rows: pl.DataFrame, upper: int, w: dict, key: str) -> None:
+    """The event-time window and its late table against the definition, recomputed with polars:
+    M before a row is the greatest event time of smaller into times; late when the row's window
+    ends at or below M - lateness; a window closes one past the first into time at or above its
+    end + lateness. Every row is in a closed window, or late, or in a window not yet closed."""
+    size, lateness, ev = w["size_ms"], w["allowed_lateness_ms"], pl.col(w["time_column"])
+    app_id = f"reclock/{pipeline}/windows/{w['name']}"
+    table, late_table = lake / pipeline / "windows" / w["name"], lake / pipeline / "windows" / f"{w['name']}_late"
+    assert label_of(DeltaLog(table).refresh(), app_id) + 1 == upper, "event windows move with every pass"
+    assert label_of(DeltaLog(late_table).refresh(), f"{app_id}_late") + 1 == upper
+    per_into = rows.group_by("_into_ts").agg(ev.max().alias("m")).sort("_into_ts")
+    per_into = per_into.with_columns(pl.col("m").cum_max().shift(1).alias("before"))
+    judged = rows.join(per_into.select("_into_ts", "before"), on="_into_ts").with_columns(
+        (ev // size * size).alias("_window_start"), (ev // size * size + size).alias("_window_end")
+    )
+    late = judged.filter(ev.is_null() | (pl.col("_window_end") <= pl.col("before") - lateness))
+    kept = judged.filter(ev.is_not_null() & ~(pl.col("_window_end") <= pl.col("before") - lateness).fill_null(False))
+    ends = kept.select("_window_end").unique()
+    closes = ends.join_where(
+        rows.select("_into_ts", ev.alias("__ev")), pl.col("__ev") >= pl.col("_window_end") + lateness
+    )
+    closes = closes.group_by("_window_end").agg((pl.col("_into_ts").min() + 1).alias("closes"))
+    on_time = kept.join(closes, on="_window_end").filter(pl.col("_into_ts") < pl.col("closes"))
+    aggregates = []
+    for name, text in w["aggregates"].items():
+        function, column = text.rstrip(")").split("(")
+        aggregates.append(POLARS[function](column).alias(name))
+    want = (
+        on_time.sort(["_into_ts", "_partition", "_offset"])
+        .group_by(["_window_start", "_window_end", key], maintain_order=True)
+        .agg(aggregates)
+    )
+    want_rows = [{k: v for k, v in r.items() if k != "_window_end"} | {"_e": r["_window_end"]} for r in want.to_dicts()]
+    got = [
+        {k: v for k, v in r.items() if k not in ("_into_ts", "_window_end")} | {"_e": r["_window_end"]}
+        for _, added in window_commits(table, app_id)
+        for r in added
+    ]
+    assert len(want_rows) > 3, "too few event windows to mean anything"
+    assert_windows_equal(got, want_rows, {"name": w["name"], "group_by": [key, "_e"]})
+    got_late = sorted(
+        (r["_partition"], r["_offset"]) for _, added in window_commits(late_table, f"{app_id}_late") for r in added
+    )
+    assert got_late == sorted(zip(late["_partition"].to_list(), late["_offset"].to_list(), strict=True)), "late rows"
+    waiting = kept.join(closes, on="_window_end", how="left").filter(
+        pl.col("closes").is_null() | (pl.col("_into_ts") >= pl.col("closes"))
+    )
+    assert sum(r["n"] for r in got) + len(got_late) + waiting.height == rows.height, "a row counted twice or lost"
 
 
 def kill_and_restart(lake: Path, name: str, kills: int, seed: int) -> None:
@@ -197,14 +268,14 @@ def test_every_window_kind_over_the_generator_equals_a_recomputation_after_rando
         pipeline={"name": "auctions", "lake": "lake", "engine": "local", "batch_interval": 0.1, "idle_interval": 0.5},
         source={"kind": "generator", "partitions": 3, "rate": 3000},
     )
-    outputs = '[outputs.bids]\nsql = "SELECT channel, price AS v, bidder AS w FROM input"\n'
+    outputs = '[outputs.bids]\nsql = "SELECT channel, auction, price AS v, bidder AS w, date_time FROM input"\n'
     config.write_text(config.read_text() + outputs)
-    defined = windows("bids", "channel")
+    defined = windows("bids", "channel", "date_time", "auction")
     assert reclock_in_process("create", str(with_windows(config, defined))).returncode == 0
     kill_and_restart(lake, "auctions", 8 if long_lane else 2, seed=25)
     done = reclock_in_process("--lake", str(lake), "start", "auctions", "--max-seconds", "12")
     assert done.returncode == 0, done.stderr[-3000:]
-    check_kinds(lake, "auctions", "bids", defined, "channel")
+    check_kinds(lake, "auctions", "bids", defined)
 
 
 @pytest.mark.usefixtures("reclock_processes")
@@ -219,7 +290,20 @@ def test_every_window_kind_over_kafka_equals_a_recomputation_after_random_sigkil
     def feed() -> None:  # records arrive while jobs run and die: many bindings, many windows
         i = 0
         while not stop.is_set():
-            values = [json.dumps({"k": (i + j) % 5, "v": (i + j) % 97 - 40, "w": i + j}).encode() for j in range(60)]
+            now = int(time.time() * 1000)
+            values = [
+                json.dumps(
+                    {
+                        "k": (i + j) % 5,
+                        "s": (i + j) % 997,
+                        "v": (i + j) % 97 - 40,
+                        "w": i + j,
+                        "t": now - (i + j) * 7919 % 400,
+                    }
+                )
+                for j in range(60)
+            ]
+            values = [v.encode() for v in values]
             produce.send(t, values, partition=lambda j: j % 2)
             i += 60
             time.sleep(0.05)
@@ -233,12 +317,12 @@ def test_every_window_kind_over_kafka_equals_a_recomputation_after_random_sigkil
             "bootstrap_servers": broker.bootstrap,
             "topics": [t],
             "format": "json",
-            "schema": {"k": "int64", "v": "int64", "w": "int64"},
+            "schema": {"k": "int64", "s": "int64", "v": "int64", "w": "int64", "t": "int64"},
             "read_timeout_s": 5.0,
         },
     )
     output = output_name_for(t)
-    defined = windows(output, "k")
+    defined = windows(output, "k", "t", "s")
     assert reclock_in_process("create", str(with_windows(config, defined))).returncode == 0
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
@@ -249,4 +333,4 @@ def test_every_window_kind_over_kafka_equals_a_recomputation_after_random_sigkil
         stop.set()
         feeder.join(timeout=30)
     assert done.returncode == 0, done.stderr[-3000:]
-    check_kinds(lake, "stream", output, defined, "k")
+    check_kinds(lake, "stream", output, defined)
