@@ -378,8 +378,10 @@ def _check_tilt(window: Window, earlier: Mapping[str, tuple[Window, Any]]) -> An
     finer, schema = earlier[window.from_window]  # type: ignore[index]
     if window.kind == "session":
         raise ConfigError(where, "a session window reads an output: its sessions need every row's into time")
-    if finer.kind != "tumbling" or finer.having is not None:
-        raise ConfigError(where, f"window {finer.name!r} must be a tumbling window without having to feed another")
+    if finer.kind != "tumbling" or finer.having is not None or finer.time_column is not None:
+        raise ConfigError(
+            where, f"window {finer.name!r} must be a tumbling window of into time without having to feed another"
+        )
     lengths = [getattr(window, key) for key in KINDS[window.kind]]
     if any(n % finer.size_ms for n in lengths):
         raise ConfigError(where, f"the window's sizes must be multiples of {finer.name!r}'s size_ms={finer.size_ms}")

@@ -67,6 +67,9 @@ def test_event_time_settings_are_checked_in_one_line():
         Window("w", "bids", 4, AGGS, kind="hop", slide_ms=2, time_column="v")
     with pytest.raises(ConfigError, match="epoch milliseconds or a timestamp"):
         check_windows([Window("w", "bids", 4, AGGS, time_column="g")], [Output("bids", SCHEMA)])
+    coarse = Window("c", None, 8, {"n": "sum(n)"}, from_window="w")
+    with pytest.raises(ConfigError, match="of into time without having"):
+        check_windows([EVENTS, coarse], [Output("bids", SCHEMA)])
     clash = Window("w_late", "bids", 4, {"n": "count(*)"})
     with pytest.raises(ConfigError, match="rename that window"):
         check_windows([EVENTS, clash], [Output("bids", SCHEMA)])
