@@ -71,7 +71,7 @@ max_groups, upper, emitted = (int(a) for a in sys.argv[4:7])
 schema = pa.schema([("g", pa.int64()), ("v", pa.int64())])
 aggregates = {"n": "count(*)", "total": "sum(v)", "hi": "max(v)"}
 if kind == "session":
-    window = Window(name, "rows", None, aggregates, ("g",), max_groups, kind="session", gap_ms=1000)
+    window = Window(name, "rows", None, aggregates, ("g",), max_groups, kind="session", gap_ms=2000)
 else:
     window = Window(name, "rows", 1000, aggregates, ("g",), max_groups)
 closer = WindowCloser(Lake.at(root), "bench", window, schema)
@@ -134,7 +134,7 @@ def run(full: bool = False) -> ScenarioResult:
     with workdir("sessions") as root:
         build(root, CLOSING_FILES, keys=1_000_000)  # every row its own key: 1,000,000 sessions
         before = _output_rows(root)
-        upper = 1_000_000 + CLOSING_FILES * 1000 + 2000  # every session closed (gap 1 s)
+        upper = 1_000_000 + CLOSING_FILES * 1000 + 4000  # every session closed (gap 2 s: 200,000 open at once)
         tight = _close(root, "tight", "session", 100_000, upper, 1_000_000)
         assert tight["error"] and "more than max_groups=100000 sessions" in tight["error"], tight
         assert tight["rows"] == 0 and tight["label"] == 1_000_000 and _output_rows(root) == before, tight

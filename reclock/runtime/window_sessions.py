@@ -11,8 +11,9 @@ it outside the range. A session that has gone on for hours is read back whole: a
 rows of the sessions it closes (and of other groups' rows in their span), not the table.
 
 The sessions a pass closes are aggregated by :class:`~reclock.runtime.window_state.State`, grouped
-by session and group; a range holding more than ``max_groups`` sessions fails the pipeline
-(:class:`~reclock.runtime.window_state.MaxGroupsExceeded`), nothing written and nothing lost.
+by session and group; a range where more than ``max_groups`` sessions are open at one into time
+fails the pipeline (:class:`~reclock.runtime.window_state.MaxGroupsExceeded`), nothing written and
+nothing lost.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ def session_rows(
         return schema.empty_table()
     keep = closing[session]
     rows = rows.filter(pa.array(keep)).append_column(_SESSION, pa.array(session[keep]))
-    by_session = dataclasses.replace(window, group_by=(_SESSION, *window.group_by), having=None)
+    sessions = max(int(closing.sum()), 1)  # bounded by the check on sessions open at once
+    keyed = (_SESSION, *window.group_by)
+    by_session = dataclasses.replace(window, group_by=keyed, having=None, max_groups=sessions)
     state = State(by_session, rows.schema, order, f"sessions ending in ({lo}, {hi}]")
     state.add(rows)
     inner = window_schema(by_session, rows.schema).append(pa.field(INTO_TS, pa.int64()))
@@ -83,7 +86,9 @@ def _sessions(rows: pa.Table, window: Window, gap: int) -> tuple[np.ndarray, np.
     """Per row its session's index; per session its first and last into time.
 
     Rows are ordered by group, then into time; a session starts at a new group or where the
-    into time jumps by ``gap`` or more. More than ``max_groups`` sessions fail the pass.
+    into time jumps by ``gap`` or more. More than ``max_groups`` sessions open at one into time
+    fail the pass: a catch-up over hours closes many sessions, one after the other, and only
+    those that overlap are a window's worth of state.
     """
     ts = rows.column(INTO_TS).to_numpy()
     gid, _ = group_ids(rows, list(window.group_by))
@@ -93,16 +98,29 @@ def _sessions(rows: pa.Table, window: Window, gap: int) -> tuple[np.ndarray, np.
     new[1:] = (g[1:] != g[:-1]) | (t[1:] - t[:-1] >= gap)
     ids = np.cumsum(new) - 1
     count = int(ids[-1]) + 1 if len(ids) else 0
-    if count > window.max_groups:
-        raise MaxGroupsExceeded(
-            f"window {window.name!r} has more than max_groups={window.max_groups} sessions of "
-            f"{list(window.group_by)} in into times [{int(t.min())}, {int(t.max()) + 1}); raise max_groups and "
-            f"restart (the sessions are recomputed from {window.input!r}, nothing is lost)"
-        )
     session = np.empty(len(t), dtype=np.int64)
     session[order] = ids
     first = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
     last = np.full(count, np.iinfo(np.int64).min, dtype=np.int64)
     np.minimum.at(first, ids, t)
     np.maximum.at(last, ids, t)
+    open_at_once = _most_open(first, last + gap)
+    if open_at_once > window.max_groups:
+        raise MaxGroupsExceeded(
+            f"window {window.name!r} has more than max_groups={window.max_groups} sessions of "
+            f"{list(window.group_by)} open at once ({open_at_once}) in into times "
+            f"[{int(t.min())}, {int(t.max()) + 1}); raise max_groups and restart "
+            f"(the sessions are recomputed from {window.input!r}, nothing is lost)"
+        )
     return session, first, last
+
+
+def _most_open(starts: np.ndarray, ends: np.ndarray) -> int:
+    """The most sessions ``[start, end)`` open at one into time: what a stream processor would hold
+    as state, and what ``max_groups`` bounds (a session ends before one starting at its end)."""
+    if not len(starts):
+        return 0
+    times = np.concatenate([starts, ends])
+    deltas = np.concatenate([np.ones(len(starts), np.int64), -np.ones(len(ends), np.int64)])
+    order = np.lexsort((deltas, times))
+    return int(np.cumsum(deltas[order]).max())
