@@ -178,13 +178,13 @@ class WindowCloser:
             rows = self._having(session_rows(self.window, self._scan, self._input, self.table.schema, planned, target))
             self._commit([rows], target, planned)
             return rows.num_rows
-        extents = self._scan.extents(planned - self.window.longest_ms + 1, target)
-        waiting: list[pa.Table] = []
-        emitted = 0
         if self.window.empty:
             spans = every_span(self.window, planned, target, self._scan.least)
         else:
+            extents = self._scan.extents(planned - self.window.longest_ms + 1, target)
             spans = closing_spans(self.window, extents, planned, target)
+        waiting: list[pa.Table] = []
+        emitted = 0
         for span in spans:
             rows = self._having(self._compute(span))
             if rows.num_rows:
