@@ -60,6 +60,8 @@ def window_schema(window: Window, input_schema: pa.Schema) -> pa.Schema:
     fields += [pa.field(c, input_schema.field(c).type) for c in window.group_by]
     for agg in window.parsed:
         fields.append(pa.field(agg.name, _result_type(agg, input_schema)))
+    if window.kind == "count":  # where the group's next window starts (window_counts.py)
+        fields += [pa.field("_last_partition", pa.string()), pa.field("_last_offset", pa.int64())]
     return pa.schema(fields)
 
 

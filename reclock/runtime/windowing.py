@@ -30,6 +30,7 @@ from reclock.errors import describe
 from reclock.persist.lake import Lake
 from reclock.persist.store import LakePath
 from reclock.persist.windows import InputScan, WindowTable, window_path
+from reclock.runtime.window_counts import count_rows
 from reclock.runtime.window_events import event_pass, late_schema
 from reclock.runtime.window_kinds import Span, closing_spans, due, every_span
 from reclock.runtime.window_sessions import session_rows
@@ -140,6 +141,7 @@ class WindowCloser:
         else:  # one row per group and finer window: into time alone orders them (check_windows)
             self._scan = InputScan(lake.store, window_path(lake, pipeline, finer.window.name))
             self._order = (INTO_TS,)
+        self._scan_store = lake.store
         self._on_commit = on_commit or (lambda step: None)
 
     def input_upper(self, uppers: Mapping[str, IntoTime]) -> IntoTime:
@@ -151,6 +153,8 @@ class WindowCloser:
         (and once the pipeline is ``finished``, of those holding its last into time too)."""
         if self.window.time_column is not None:  # event time: every pass over new into times
             return input_upper + 1 if finished else input_upper
+        if self.window.kind == "count":  # complete with its last row: every pass over new rows
+            return input_upper
         return due(self.window, input_upper, finished)
 
     def current(self, input_upper: IntoTime, finished: bool) -> bool:
@@ -174,6 +178,13 @@ class WindowCloser:
             while self.table.upper < target:  # twice after a crash between the two commits
                 emitted += self._close_events(input_upper, target, self.table.upper, finished)
             return emitted
+        if self.window.kind == "count":
+            done = InputScan(self._scan_store, self.table.path)
+            done.refresh()
+            rows = count_rows(self.window, self._scan, done, self._input, self.table.schema, planned, target)
+            rows = self._having(rows)
+            self._commit([rows], target, planned)
+            return rows.num_rows
         if self.window.kind == "session":
             rows = self._having(session_rows(self.window, self._scan, self._input, self.table.schema, planned, target))
             self._commit([rows], target, planned)

@@ -9,7 +9,9 @@ says which windows:
 - ``cumulate`` (``step_ms``, ``max_size_ms``): ``[b, b + j * step)`` for ``j = 1 .. max/step``
   in each tumbling ``[b, b + max)``: a growing prefix of it, emitted every step;
 - ``session`` (``gap_ms``): per group, a run of rows each less than ``gap`` after the one before,
-  ``[first, last + gap)``.
+  ``[first, last + gap)``;
+- ``count`` (``size``): per group, every ``size`` rows in ``(_into_ts, _partition, _offset)``
+  order, emitted once its last row is in.
 
 Each window ``[s, e)`` is emitted once the input's upper (its commit label + 1, see
 ``docs/concepts.md``) reaches ``e``, because from then on no row with an into time inside it can
@@ -54,8 +56,9 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "hop": ("size_ms", "slide_ms"),
     "cumulate": ("step_ms", "max_size_ms"),
     "session": ("gap_ms",),
+    "count": ("size",),
 }
-_SIZES = ("size_ms", "slide_ms", "step_ms", "max_size_ms", "gap_ms")
+_SIZES = ("size_ms", "slide_ms", "step_ms", "max_size_ms", "gap_ms", "size")
 
 _CALL = re.compile(r"^\s*(\w+)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -127,6 +130,7 @@ class Window:
     step_ms: int | None = None
     max_size_ms: int | None = None
     gap_ms: int | None = None
+    size: int | None = None
     having: str | None = None
     from_window: str | None = None
     empty: bool = False
@@ -165,7 +169,7 @@ class Window:
             raise ConfigError(f"{where}.having", "must be a SQL predicate over the window's columns")
         if not isinstance(self.empty, bool):
             raise ConfigError(f"{where}.empty", f"must be true or false, got {self.empty!r}")
-        if self.empty and (self.group_by or self.kind == "session"):
+        if self.empty and (self.group_by or self.kind in ("session", "count")):
             raise ConfigError(
                 f"{where}.empty", "needs a window of fixed spans without group_by (which groups would be empty?)"
             )
@@ -284,6 +288,7 @@ def parse_windows(raw: Any, file: str | None = None) -> tuple[Window, ...]:
                     step_ms=section.get("step_ms"),
                     max_size_ms=section.get("max_size_ms"),
                     gap_ms=section.get("gap_ms"),
+                    size=section.get("size"),
                     having=section.get("having"),
                     from_window=section.get("from"),
                     empty=section.get("empty", False),
@@ -376,8 +381,8 @@ def _check_tilt(window: Window, earlier: Mapping[str, tuple[Window, Any]]) -> An
         known = ", ".join(earlier) or "none"
         raise ConfigError(where, f"no window {window.from_window!r} is defined before it (known: {known})")
     finer, schema = earlier[window.from_window]  # type: ignore[index]
-    if window.kind == "session":
-        raise ConfigError(where, "a session window reads an output: its sessions need every row's into time")
+    if window.kind in ("session", "count"):
+        raise ConfigError(where, f"a {window.kind} window reads an output: it needs every row")
     if finer.kind != "tumbling" or finer.having is not None or finer.time_column is not None:
         raise ConfigError(
             where, f"window {finer.name!r} must be a tumbling window of into time without having to feed another"
