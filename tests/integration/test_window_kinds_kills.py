@@ -30,6 +30,7 @@ from tests.integration.test_windows import POLARS, assert_windows_equal, start_j
 
 AGGREGATES = {"n": "count(*)", "total": "sum(v)", "lo": "min(v)", "hi": "max(v)", "mean": "avg(v)"}
 ORDERED = {"first_w": "first(w)", "last_w": "last(w)"}
+LAST = ("_last_partition", "_last_offset")
 ROLL = {"n": "sum(n)", "total": "sum(total)", "lo": "min(lo)", "hi": "max(hi)", "first_w": "first(first_w)"}
 
 
@@ -65,6 +66,7 @@ def windows(output: str, key: str, event: str, session_key: str) -> list[dict]:
             "group_by": [key],
             "aggregates": aggs,
         },
+        {"name": "cnt", "kind": "count", "output": output, "size": 25, "group_by": [key], "aggregates": aggs},
         {
             "name": "ses",
             "kind": "session",
@@ -110,6 +112,8 @@ def with_windows(config: Path, defined: list[dict]) -> Path:
 
 def due(w: dict, upper: int) -> int:
     """The label + 1 a kind's table must reach for the input's ``upper`` (docs/windows.md)."""
+    if w.get("kind") == "count":
+        return upper
     if w.get("kind") == "hop":
         return (upper - w["size_ms"]) // w["slide_ms"] * w["slide_ms"] + w["size_ms"]
     step = {"cumulate": w.get("step_ms"), "session": w.get("gap_ms")}.get(w.get("kind"), w.get("size_ms"))
@@ -147,23 +151,47 @@ def spans(rows: pl.DataFrame, w: dict, key: str) -> pl.DataFrame:
     return out.join(bounds, on=[key, "__sid"])
 
 
+def counted(rows: pl.DataFrame, w: dict, key: str, upper: int) -> pl.DataFrame:
+    """Per group, every ``size`` rows in source order; complete windows whose last row is below ``upper``."""
+    size = w["size"]
+    ordered = rows.sort([key, "_into_ts", "_partition", "_offset"]).with_columns(
+        (pl.int_range(pl.len()).over(key) // size).alias("__n")
+    )
+    bounds = ordered.group_by([key, "__n"]).agg(
+        pl.len().alias("__rows"),
+        pl.col("_into_ts").min().alias("_window_start"),
+        (pl.col("_into_ts").max() + 1).alias("_window_end"),
+        pl.col("_partition").last().alias("_last_partition"),
+        pl.col("_offset").last().alias("_last_offset"),
+    )
+    done = bounds.filter((pl.col("__rows") == size) & (pl.col("_window_end") <= upper))
+    return ordered.join(done, on=[key, "__n"]).sort(["_into_ts", "_partition", "_offset"])
+
+
 def recompute(rows: pl.DataFrame, w: dict, key: str, upper: int) -> list[dict]:
     aggregates = []
     direct = {**AGGREGATES, **ORDERED} if "from" in w else w["aggregates"]
     for name, text in direct.items():
         function, column = text.rstrip(")").split("(")
         aggregates.append(POLARS[function](column).alias(name))
+    if w.get("kind") == "count":
+        exploded = counted(rows, w, key, upper)
+    else:
+        exploded = spans(
+            rows.sort(["_into_ts", "_partition", "_offset"]), {**w, "kind": w.get("kind", "tumbling")}, key
+        )
     frame = (
-        spans(rows.sort(["_into_ts", "_partition", "_offset"]), {**w, "kind": w.get("kind", "tumbling")}, key)
-        .filter(pl.col("_window_end") <= upper)
+        exploded.filter(pl.col("_window_end") <= upper)
         .sort(["_into_ts", "_partition", "_offset"])
-        .group_by(["_window_start", "_window_end", key], maintain_order=True)
+        .group_by(
+            ["_window_start", "_window_end", key, *(LAST if w.get("kind") == "count" else ())], maintain_order=True
+        )
         .agg(aggregates)
     )
     if "having" in w:  # by another engine than the one the pipeline ran it with
         frame = duckdb.sql(f"SELECT * FROM frame WHERE {w['having']}").pl()
     return [
-        {k: v for k, v in r.items() if k in ("_window_start", key, *w["aggregates"])} | {"_e": r["_window_end"]}
+        {k: v for k, v in r.items() if k in ("_window_start", key, *LAST, *w["aggregates"])} | {"_e": r["_window_end"]}
         for r in frame.to_dicts()
     ]
 
@@ -194,7 +222,8 @@ def check_kinds(lake: Path, pipeline: str, output: str, defined: list[dict]) -> 
             ]
         want = recompute(rows, w, key, label)
         assert len(want) > 3, f"{w['name']}: too few windows to mean anything"
-        assert_windows_equal(got, want, {"name": w["name"], "group_by": [key, "_e"]})
+        last = list(LAST) if w.get("kind") == "count" else []  # count windows: several may share their bounds
+        assert_windows_equal(got, want, {"name": w["name"], "group_by": [key, "_e", *last]})
     return upper
 
 
