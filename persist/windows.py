@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -38,7 +39,7 @@ from reclock.persist.sink import OutputSink, table_schema, write_data_file
 from reclock.persist.store import LakePath, Store
 from reclock.timeline.frontier import INTO_TS, IntoTime
 
-__all__ = ["DEFINITION", "InputScan", "WindowTable", "window_app_id", "window_path"]
+__all__ = ["DEFINITION", "InputScan", "WindowTable", "event_ms", "window_app_id", "window_path"]
 
 #: The table property holding the window's definition, as JSON.
 DEFINITION = "reclock.window"
@@ -120,6 +121,9 @@ class _File:
     location: LakePath
     lo: IntoTime  # least and greatest _into_ts of its rows
     hi: IntoTime
+    #: least and greatest of the scan's ``column`` (epoch ms), ``None`` without statistics
+    column_lo: int | None = None
+    column_hi: int | None = None
 
 
 class InputScan:
@@ -131,9 +135,10 @@ class InputScan:
     its rows.
     """
 
-    def __init__(self, store: Store, path: LakePath) -> None:
+    def __init__(self, store: Store, path: LakePath, column: str | None = None) -> None:
         self._store = store
         self._path = path
+        self.column = column  # an event-time column whose statistics are kept too
         self._table = store.open_table(path)
         self._files: list[_File] = []
 
@@ -152,22 +157,68 @@ class InputScan:
             if lo is None or hi is None:
                 lo, hi = self._bounds(location)
             if lo is not None and hi is not None:  # both or neither: an empty file has no bounds
-                files.append(_File(location, lo, hi))
+                column_lo = column_hi = None
+                if self.column is not None:
+                    column_lo = _epoch_ms(row.get(f"min.{self.column}"))
+                    column_hi = _epoch_ms(row.get(f"max.{self.column}"))
+                files.append(_File(location, lo, hi, column_lo, column_hi))
         self._files = files
 
-    def windows(self, lo: IntoTime, hi: IntoTime, size: int) -> list[IntoTime]:
-        """Starts of the windows of ``size`` in ``[lo, hi)`` that some file may have rows in."""
-        starts: set[IntoTime] = set()
+    @property
+    def least(self) -> IntoTime | None:
+        """The least into time of any row (``None`` for an empty table): nothing lies before it."""
+        return min((f.lo for f in self._files), default=None)
+
+    def extents(self, lo: IntoTime, hi: IntoTime) -> list[tuple[IntoTime, IntoTime]]:
+        """Per file that may hold rows with ``lo <= _into_ts < hi``: the least and greatest into
+        time of its rows in that range (by its statistics), so a window kind can tell which of its
+        windows may have rows without reading one."""
+        out = []
         for f in self._files:
             first, last = max(f.lo, lo), min(f.hi, hi - 1)
             if first <= last:
-                starts.update(range(first // size * size, last // size * size + 1, size))
-        return sorted(starts)
+                out.append((first, last))
+        return out
 
-    def batches(self, lo: IntoTime, hi: IntoTime, columns: Sequence[str]) -> Iterator[pa.RecordBatch]:
-        """Rows with ``lo <= _into_ts < hi``, in file order, as record batches of ``columns``."""
+    def column_max(self, below: IntoTime) -> int | None:
+        """The greatest ``column`` value (epoch ms) among rows with ``_into_ts < below``: from the
+        statistics of the files wholly below, reading only the files that straddle ``below``."""
+        highs = [bounds[1] for bounds in self.column_extents(below)]
+        return max(highs, default=None)
+
+    def column_extents(self, below: IntoTime) -> list[tuple[int, int]]:
+        """Per file with rows below ``below``: the least and greatest ``column`` value (epoch ms)
+        of those rows, by its statistics when it lies wholly below, else by reading it."""
+        out = []
         for f in self._files:
+            if f.lo >= below:
+                continue
+            if f.hi < below and f.column_lo is not None and f.column_hi is not None:
+                out.append((f.column_lo, f.column_hi))
+                continue
+            values = [event_ms(b.column(self.column)) for b in self.batches(f.lo, below, [self.column], only=f)]  # type: ignore[list-item]
+            bounds = pc.min_max(pa.chunked_array(values, pa.int64()))
+            if bounds["min"].is_valid:
+                out.append((bounds["min"].as_py(), bounds["max"].as_py()))
+        return out
+
+    def batches(
+        self,
+        lo: IntoTime,
+        hi: IntoTime,
+        columns: Sequence[str],
+        *,
+        only: _File | None = None,
+        column_range: tuple[int, int] | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """Rows with ``lo <= _into_ts < hi``, in file order, as record batches of ``columns``;
+        with ``column_range`` ``[a, b)``, only files whose ``column`` statistics may hold a value in
+        it are read (the rows are not filtered by it)."""
+        for f in self._files if only is None else [only]:
             if f.hi < lo or f.lo >= hi:
+                continue
+            known = column_range is not None and f.column_lo is not None and f.column_hi is not None
+            if known and (f.column_hi < column_range[0] or f.column_lo >= column_range[1]):  # type: ignore[index, operator]
                 continue
             with lake_io(f"reading output table {self._path.name}"), self._open(f.location) as parquet:
                 groups = _row_groups(parquet, lo, hi)
@@ -191,6 +242,24 @@ class InputScan:
         if isinstance(location, Path):
             return pq.ParquetFile(location)
         return pq.ParquetFile(self._store.filesystem().open_input_file(location.location))
+
+
+def event_ms(values: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """An event-time column as epoch milliseconds (int64): integers as they are, timestamps
+    floored to the millisecond."""
+    if pa.types.is_timestamp(values.type):
+        return pc.cast(pc.cast(values, pa.timestamp("ms", values.type.tz), safe=False), pa.int64())
+    return pc.cast(values, pa.int64())
+
+
+def _epoch_ms(value: Any) -> int | None:
+    """A statistic of an event-time column as epoch ms (a naive timestamp is UTC)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        return int((aware - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1))
+    return int(value)
 
 
 def _row_groups(parquet: pq.ParquetFile, lo: IntoTime, hi: IntoTime) -> list[int]:
