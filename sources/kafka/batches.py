@@ -10,7 +10,8 @@ a columnar engine would:
    (``baseOffset``, ``attributes``, ``lastOffsetDelta``, timestamps, record count), the CRC-32C
    of the batch checked, the records section decompressed when the batch is compressed (gzip,
    snappy, lz4, zstd through ``cramjam``), and control batches (transaction markers) skipped:
-   they take offsets but hold no record.
+   they take offsets but hold no record. Reading committed, batches of aborted transactions are
+   skipped the same way (:mod:`~reclock.sources.kafka.transactions` says which).
 2. **Record starts**: a record's position depends on the length of the one before, so the scan is
    sequential within a batch, but batches are independent: the scan steps through the k-th
    record of *every* batch at once (one NumPy step per record index), falling back to a plain

@@ -302,3 +302,21 @@ def test_status_warns_of_a_partition_an_open_transaction_holds(broker, topic, ra
     assert row["outputs"][output_name_for(t)][0] == 3  # the open transaction's record waits
     assert len(row["warnings"]) == 1
     producer.abort_transaction(10)
+
+
+@pytest.mark.usefixtures("reclock_processes")
+def test_a_killed_pipeline_over_concurrent_transactional_producers_lands_exactly_the_committed_records(
+    broker, topic, tmp_path: Path, long_lane: bool
+):
+    """Acceptance 1 of issue 23, as far as Tansu lets it go (see :mod:`tests.faults.transactions`:
+    the aborted records never reach Tansu, whose fetches list no aborted transaction; the unit
+    differential test proves that path). 4 kills, 30 with ``--long``."""
+    from tests.faults.transactions import PARTITIONS, Campaign, run_campaign
+
+    campaign = Campaign(kills=30 if long_lane else 4)
+    report = run_campaign(broker.bootstrap, topic(partitions=PARTITIONS), tmp_path, campaign)
+    assert not report.problems, report.problems[:10]
+    assert report.kills == campaign.kills
+    assert report.committed_txns >= 5 and report.aborted_txns >= 3, report
+    assert report.rows == report.committed_records > 0
+    assert report.bindings >= campaign.kills
