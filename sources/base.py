@@ -253,6 +253,11 @@ class SourceBase:
         """The final frontier of a bounded source once it is known; ``None`` while unbounded."""
         return None
 
+    def warnings(self) -> Sequence[str]:
+        """Conditions worth an operator's attention that are not errors (``reclock status`` shows
+        them); none by default."""
+        return []
+
     def close(self) -> None:
         """Nothing to release by default."""
 

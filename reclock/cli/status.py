@@ -161,6 +161,9 @@ def status(lake: Lake, args: argparse.Namespace) -> int:
         )
     )
     for r in rows:
+        for warning in r["warnings"]:
+            print(f"warning: {r['pipeline']}: {warning}")
+    for r in rows:
         print(f"\n{r['pipeline']} outputs:")
         print(
             table(
@@ -199,6 +202,7 @@ def _pipeline_status(lake: Lake, name: str) -> dict:
         "resume_frontier": status.get("resume_frontier", "{}"),
         "last_error": status.get("last_error"),
         "last_maintenance": status.get("last_maintenance"),
+        "warnings": status.get("warnings", []),
         "unreadable": "; ".join(problems) or None,
         "outputs": outputs,
     }

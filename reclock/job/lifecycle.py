@@ -509,6 +509,8 @@ def _publish(lake: Lake, pipeline: Pipeline, status: Status, names: dict[Partiti
                 status.resume_upper = pipeline.resume_upper
                 status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
             status.bindings = len(pipeline.remap.bindings)
+            warnings = getattr(pipeline.source, "warnings", None)  # optional for sources of plugins
+            status.warnings = list(warnings()) if warnings is not None else []
             status.updated_ms = wall_clock_ms()
             write_status(lake, status)
         except (OSError, StorageError) as exc:

@@ -52,6 +52,7 @@ class Status:
     pid: int | None = None
     metrics_port: int | None = None
     last_maintenance: dict | None = None  # when the job last maintained its tables, and what it did
+    warnings: list[str] = field(default_factory=list)  # the source's, as of its last probe
     updated_ms: int = 0
 
 

@@ -13,13 +13,15 @@ The stages, in the design's words, one module each:
   the driver's long-lived ones. ``client_settings`` (SASL, SSL, timeouts) are passed through to
   every client and never logged or shown in ``repr``.
 * **probe** (:mod:`~reclock.sources.kafka.probe`, :meth:`KafkaSource.upper`, driver): the fetch-response
-  high watermark of every partition, never regressing; discovery of topics and partitions; start
-  positions.
+  last stable offset (``read_committed``, the default) or high watermark of every partition, never
+  regressing; discovery of topics and partitions; start positions; partitions held back by an open
+  transaction.
 * **split** (:mod:`~reclock.sources.kafka.splits`, :meth:`KafkaSource.splits`, driver): ``[max(lower,
   start position), upper)`` per partition, cut at ``max_split_offsets``; offsets lost to retention.
 * **fetch** (:mod:`~reclock.sources.kafka.fetcher`, Spark task): every partition of a task's splits in
   shared fetch requests, on a client pooled per process; record batches parsed into columns by
-  :mod:`~reclock.sources.kafka.batches`.
+  :mod:`~reclock.sources.kafka.batches`, aborted transactions dropped by the protocol's rule
+  (:mod:`~reclock.sources.kafka.transactions`).
 * **read** (:mod:`~reclock.sources.kafka.reader`, :meth:`KafkaSource.read_group`, Spark task): exactly
   ``[start, end)`` of each split, a route's records pending across partitions and shaped
   (:mod:`~reclock.sources.kafka.decoding`) into output and errors batches of at most
@@ -29,9 +31,11 @@ The stages, in the design's words, one module each:
 
 :class:`KafkaSource` (:mod:`~reclock.sources.kafka.source`) wires them into the source protocol.
 
-Known limits: reads are ``read_uncommitted`` (``isolation_level`` is reserved: the probe's high
-watermark is not the last stable offset), so records of aborted transactions are ingested;
-``start="latest"`` and ``{"timestamp": ms}`` are resolved by each source instance when it first
+Reads are ``read_committed`` by default (``isolation_level = "read_uncommitted"`` reads every
+record up to the high watermark): exactly the committed records land, and an open transaction
+holds the upper back (``docs/sources/kafka.md``, "Transactions").
+
+Known limits: ``start="latest"`` and ``{"timestamp": ms}`` are resolved by each source instance when it first
 needs them (pass explicit offsets for a start that must survive a restart before the first batch
 binds). On Tansu, ``offsets_for_times`` always answers offset 0, so a timestamp start reads from
 the beginning there.

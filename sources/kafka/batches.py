@@ -10,7 +10,8 @@ a columnar engine would:
    (``baseOffset``, ``attributes``, ``lastOffsetDelta``, timestamps, record count), the CRC-32C
    of the batch checked, the records section decompressed when the batch is compressed (gzip,
    snappy, lz4, zstd through ``cramjam``), and control batches (transaction markers) skipped:
-   they take offsets but hold no record.
+   they take offsets but hold no record. Reading committed, batches of aborted transactions are
+   skipped the same way (:mod:`~reclock.sources.kafka.transactions` says which).
 2. **Record starts**: a record's position depends on the length of the one before, so the scan is
    sequential within a batch, but batches are independent: the scan steps through the k-th
    record of *every* batch at once (one NumPy step per record index), falling back to a plain
@@ -28,7 +29,7 @@ sets (magic 0 and 1, from brokers older than 0.11) are handed to kafka-python's 
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from reclock.sources.decode.values import NEWLINE, Values
+from reclock.sources.kafka.transactions import AbortedRanges
 
 __all__ = ["CorruptBatch", "Fetched", "next_offset", "parse", "parse_many"]
 
@@ -96,14 +98,25 @@ def parse(buf: bytes | memoryview, *, keys: bool = False, headers: bool = False,
 
 
 def parse_many(
-    parts: Sequence[tuple[bytes | memoryview, int | None]], *, keys: bool = False, headers: bool = False
+    parts: Sequence[tuple[bytes | memoryview, int | None]],
+    *,
+    keys: bool = False,
+    headers: bool = False,
+    aborted: Sequence[Iterable[tuple[int, int]] | None] | None = None,
 ) -> list[Fetched]:
     """:func:`parse` of several partitions' bytes (each with its ``until``) at once.
 
     One fetch response holds a piece of every partition a task asked for; parsed one by one, a
     thousand partitions of a few batches each would step a thousand tiny NumPy scans. Parsed
     together, their batches share one arena and one vectorised scan, and each partition gets a
-    window of the result."""
+    window of the result.
+
+    ``aborted``, one entry per part, reads ``read_committed``: a part's entry is its fetch
+    response's aborted transactions ``(producer id, first offset)``, and batches of aborted
+    transactions are dropped by the protocol's rule
+    (:class:`~reclock.sources.kafka.transactions.AbortedRanges`); ``None`` (or no ``aborted`` at
+    all) reads ``read_uncommitted``. Either way markers are never records, and ``next_offset``
+    passes dropped batches."""
     sections: list[memoryview | bytes] = []
     batches: list[tuple[int, int, int, int]] = []  # base offset, base timestamp, record count, flags
     nexts: list[int | None] = []
@@ -111,6 +124,8 @@ def parse_many(
     legacy: dict[int, Fetched] = {}
     for index, (buf, until) in enumerate(parts):
         view = memoryview(buf)
+        committed = aborted[index] if aborted is not None else None
+        ranges = AbortedRanges(committed) if committed is not None else None
         if len(view) >= 17 and view[16] != 2:
             legacy[index] = _legacy(bytes(view), keys=keys, headers=headers)
             nexts.append(None)
@@ -119,16 +134,22 @@ def parse_many(
         next_offset = None
         held = 0
         for pos, end, base in _whole_batches(view, until):
-            magic, crc, attributes, last_delta, base_ts, max_ts, _, _, _, count = _TAIL.unpack_from(view, pos + 16)
+            magic, crc, attributes, last_delta, base_ts, max_ts, pid, _, _, count = _TAIL.unpack_from(view, pos + 16)
             if magic != 2:
                 raise CorruptBatch(f"record batch at offset {base}: magic {magic} inside a v2 fetch")
             if crc32c.crc32c(view[pos + 21 : end]) != crc:
                 raise CorruptBatch(f"record batch at offset {base}: CRC-32C mismatch")
             next_offset = base + last_delta + 1
-            if not attributes & _CONTROL and count > 0:
-                body = view[pos + _HEADER : end]
-                codec = attributes & _COMPRESSION
-                sections.append(body if codec == 0 else _decompress(codec, body, base))
+            if count <= 0:
+                continue
+            body = view[pos + _HEADER : end]
+            codec = attributes & _COMPRESSION
+            if codec and (not attributes & _CONTROL or ranges is not None):
+                body = _decompress(codec, body, base)
+            if ranges is not None and ranges.drops(attributes, pid, next_offset - 1, body):
+                continue
+            if not attributes & _CONTROL:
+                sections.append(body)
                 stamp = max_ts if attributes & _LOG_APPEND_TIME else base_ts
                 batches.append((base, stamp, count, attributes & _LOG_APPEND_TIME))
                 held += count

@@ -3,7 +3,7 @@ two long-lived ones.
 
 Every client is a ``KafkaConsumer`` built by :meth:`KafkaClients.consumer` from the user's
 ``client_settings`` (SASL, SSL, timeouts) with reclock's own settings laid over them: no group
-position, no auto commit, no offset reset, ``read_uncommitted``, no topic auto-creation. Exact,
+position, no auto commit, no offset reset, the source's ``isolation_level``, no topic auto-creation. Exact,
 replayable reads depend on those, so :func:`check_client_settings` refuses a user value for them.
 The settings are never logged or shown in ``repr``.
 
@@ -82,10 +82,20 @@ class KafkaClients:
     """Builds the source's consumers and holds the driver's long-lived ones (see the module
     docstring). ``read_timeout_s`` bounds every request a client makes."""
 
-    def __init__(self, bootstrap_servers: str | list[str], settings: dict[str, Any], read_timeout_s: float) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str | list[str],
+        settings: dict[str, Any],
+        read_timeout_s: float,
+        *,
+        read_committed: bool = True,
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.settings = settings
         self.read_timeout_s = read_timeout_s
+        #: ``isolation_level = "read_committed"``: every fetch asks for it, the probe's end is the
+        #: last stable offset (:mod:`reclock.sources.kafka.transactions`).
+        self.read_committed = read_committed
         self.probe_client: Any = None
         self.commit_client: Any = None
 
@@ -116,7 +126,7 @@ class KafkaClients:
                 "group_id": None,
                 "enable_auto_commit": False,
                 "auto_offset_reset": "none",
-                "isolation_level": "read_uncommitted",
+                "isolation_level": "read_committed" if self.read_committed else "read_uncommitted",
                 "allow_auto_create_topics": False,
             }
         )

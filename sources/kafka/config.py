@@ -27,6 +27,7 @@ from reclock.sources.decode import Decoder, as_schema, make_decoder
 from reclock.timeline.frontier import Partition, Reread, decode_partition, encode_partition
 
 __all__ = [
+    "ISOLATION_LEVELS",
     "METADATA_COLUMNS",
     "POLICIES",
     "KafkaRoute",
@@ -56,6 +57,8 @@ METADATA_COLUMNS: dict[str, pa.DataType] = {
 #: The choices of ``on_offset_lost`` (``on_record_error`` is the pipeline's, see
 #: :data:`~reclock.sources.base.RecordErrorPolicy`).
 POLICIES = ("fail", "skip")
+#: The choices of ``isolation_level``, the default first (see :mod:`reclock.sources.kafka.transactions`).
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 _START_WORDS = ("earliest", "latest")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _OUTPUT_KEYS = frozenset(

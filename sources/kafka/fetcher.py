@@ -9,6 +9,11 @@ a task's :class:`Fetcher` holds every split of the task at once:
   ``max_partition_bytes`` each), so a thousand small partitions cost a few round trips;
 * the response's record bytes go to :func:`~reclock.sources.kafka.batches.parse` as they are: no
   per-record object, CRC-32C checked per batch;
+* with ``read_committed`` (the source's default) every request asks for it: the broker answers
+  up to the last stable offset, and the response's aborted transactions go to the parser with
+  the bytes, which drops those transactions' batches
+  (:mod:`~reclock.sources.kafka.transactions`); markers and dropped batches still move the
+  position past their offsets;
 * partitions fetched ahead of the split being read wait in a buffer capped at
   ``buffer_bytes``; a partition whose buffer is full is not asked for until it drains;
 * the client comes from a per-process pool (:func:`lease`): a Spark Python worker serves many
@@ -35,7 +40,7 @@ from typing import Any
 from reclock.sources.kafka.batches import Fetched, next_offset, parse_many
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, close_client, is_transient
 
-__all__ = ["Fetcher", "OffsetLost", "fetch_request", "high_watermarks", "lease"]
+__all__ = ["Fetcher", "OffsetLost", "ends", "fetch_request", "lease"]
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +211,7 @@ class Fetcher:
 
     def _send(self, leader: int, asks: dict[Partition, tuple[int, int]]) -> Any:
         """Send one fetch request without waiting; the future resolves to its response."""
-        request = fetch_request(asks)
+        request = fetch_request(asks, read_committed=self._clients.read_committed)
         manager = self._client._client._manager
         return manager.call_soon(lambda: manager.send(request, node_id=leader))
 
@@ -229,7 +234,9 @@ class Fetcher:
             self._refresh(deadline)
             return
         refresh = False
+        committed = self._clients.read_committed
         arrived: list[tuple[_Want, Any, int]] = []
+        aborted: list[list[tuple[int, int]] | None] = []
         for topic_data in response.responses:
             for data in topic_data.partitions:
                 partition = (topic_data.topic, data.partition_index)
@@ -249,6 +256,11 @@ class Fetcher:
                 after = next_offset(data.records, until=want.end)
                 if after is not None and after > want.position:
                     arrived.append((want, data.records, want.position))
+                    aborted.append(
+                        [(a.producer_id, a.first_offset) for a in data.aborted_transactions or ()]
+                        if committed
+                        else None
+                    )
                     want.position = after
         if refresh:
             self._refresh(deadline)
@@ -257,7 +269,10 @@ class Fetcher:
             if ahead:
                 self._inflight[leader] = (self._send(leader, ahead), ahead)
         parsed = parse_many(
-            [(records, want.end) for want, records, _ in arrived], keys=self._keys, headers=self._headers
+            [(records, want.end) for want, records, _ in arrived],
+            keys=self._keys,
+            headers=self._headers,
+            aborted=aborted,
         )
         for (want, records, was), fetched in zip(arrived, parsed, strict=True):
             self.records_parsed += len(fetched)
@@ -278,8 +293,9 @@ class Fetcher:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
-def fetch_request(asks: dict[Partition, tuple[int, int]]) -> Any:
-    """A ``FetchRequest`` for ``{partition: (offset, max bytes)}``, read_uncommitted, no session."""
+def fetch_request(asks: dict[Partition, tuple[int, int]], *, read_committed: bool = False) -> Any:
+    """A ``FetchRequest`` for ``{partition: (offset, max bytes)}``, no session; ``read_committed``
+    asks for isolation level 1 (records up to the last stable offset, aborted transactions listed)."""
     from kafka.protocol.consumer import FetchRequest
 
     topics: dict[str, list[Any]] = defaultdict(list)
@@ -297,7 +313,7 @@ def fetch_request(asks: dict[Partition, tuple[int, int]]) -> Any:
         max_wait_ms=100,
         min_bytes=1,
         max_bytes=64 << 20,
-        isolation_level=0,
+        isolation_level=1 if read_committed else 0,
         session_id=0,
         session_epoch=-1,
         topics=[_TOPIC(topic=t, partitions=p) for t, p in topics.items()],
@@ -308,9 +324,13 @@ def fetch_request(asks: dict[Partition, tuple[int, int]]) -> Any:
     )
 
 
-def high_watermarks(client: Any, positions: dict[Partition, int], timeout_s: float) -> dict[Partition, int]:
-    """The high watermark the fetch response carries for each partition, asked at ``positions``
-    (a partition's last known end: nothing to send back) in one request per leader. Partitions
+def ends(
+    client: Any, positions: dict[Partition, int], timeout_s: float, *, read_committed: bool
+) -> dict[Partition, tuple[int, int]]:
+    """``(end, high watermark)`` that the fetch response carries for each partition, asked at
+    ``positions`` (a partition's last known end: nothing to send back) in one request per leader.
+    The end is the high watermark, or with ``read_committed`` the *last stable offset* of the
+    same response (a Fetch v4+ field: where the earliest open transaction begins). Partitions
     without a known leader or with an error are left out: the caller asks them another way."""
     from kafka import TopicPartition
 
@@ -324,16 +344,23 @@ def high_watermarks(client: Any, positions: dict[Partition, int], timeout_s: flo
             by_leader[leader][partition] = (offset, 1)
     manager = client._client._manager
     futures = [
-        manager.call_soon(lambda asks=asks, leader=leader: manager.send(fetch_request(asks), node_id=leader))
+        manager.call_soon(
+            lambda asks=asks, leader=leader: manager.send(
+                fetch_request(asks, read_committed=read_committed), node_id=leader
+            )
+        )
         for leader, asks in by_leader.items()
     ]
-    out: dict[Partition, int] = {}
+    out: dict[Partition, tuple[int, int]] = {}
     for future in futures:
         response = manager.run(lambda future=future: manager.wait_for(future, int(timeout_s * 1000)))
         for topic_data in response.responses:
             for data in topic_data.partitions:
-                if data.error_code == 0 and data.high_watermark >= 0:
-                    out[(topic_data.topic, data.partition_index)] = data.high_watermark
+                if data.error_code or data.high_watermark < 0:
+                    continue
+                end = data.last_stable_offset if read_committed else data.high_watermark
+                if end >= 0:
+                    out[(topic_data.topic, data.partition_index)] = (min(end, data.high_watermark), data.high_watermark)
     return out
 
 

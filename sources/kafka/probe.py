@@ -1,11 +1,21 @@
 """Probe of the Kafka source (driver): which partitions exist, where each one ends, and where a
 partition that was never read starts.
 
-The true end of a partition is the *high watermark carried by a Fetch response*, read with
-``consumer.highwater(tp)`` after a poll. Never ``end_offsets()``: ``ListOffsets(LATEST)`` is
-wrong on the Tansu test broker (it answers the last batch's base offset + 1). Every probe uses a
-fresh consumer (see :mod:`reclock.sources.kafka.clients`), seeks each partition to its last known end
-and polls until every partition has answered.
+The true end of a partition is what a *Fetch response* carries: the high watermark, or with
+``isolation_level = "read_committed"`` (the default) the **last stable offset** of the same
+response, the first offset of the earliest open transaction, so the upper never passes a
+transaction that has not ended and every transaction below it is decided. Never ``end_offsets()``:
+``ListOffsets(LATEST)`` is wrong on the Tansu test broker (it answers the last batch's base offset
++ 1), and ``ListOffsets`` with ``isolation_level = 1`` answers 0 there while any transaction is
+open (measured, see ``docs/design/20261125_kafka_read_committed.md``); the Fetch response's last
+stable offset is right on both. Every probe asks with a fresh consumer (see
+:mod:`reclock.sources.kafka.clients`) for each partition's last known end.
+
+An open transaction holds the upper back. A partition whose last stable offset has stayed at
+one offset below its high watermark for ``open_transaction_warning_s`` is named by
+:meth:`Prober.warnings`, with the producer id and epoch of the batch at that offset (the open
+transaction's first batch): a read_uncommitted fetch of one batch. The ``transactional.id``
+behind it is not in the partition (only the transaction coordinator knows it).
 
 Invariants of :meth:`Prober.upper`:
 
@@ -31,7 +41,8 @@ from typing import Any
 from reclock.errors import DefiniteSourceError, describe
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
 from reclock.sources.kafka.config import Routing
-from reclock.sources.kafka.fetcher import high_watermarks, lease
+from reclock.sources.kafka.fetcher import ends, fetch_request, lease
+from reclock.sources.kafka.transactions import first_batch
 from reclock.timeline.frontier import Frontier
 
 __all__ = ["Prober", "low_watermarks"]
@@ -68,10 +79,23 @@ class Prober:
     source, it carries what it learned but no client.
     """
 
-    def __init__(self, clients: KafkaClients, routing: Routing, start: str | dict[Any, int]) -> None:
+    def __init__(
+        self,
+        clients: KafkaClients,
+        routing: Routing,
+        start: str | dict[Any, int],
+        *,
+        open_transaction_warning_s: float = 60.0,
+    ) -> None:
         self._clients = clients
         self._routing = routing
         self._start = start
+        self._warn_after_s = open_transaction_warning_s
+        #: ``partition -> (last stable offset, since when (monotonic))`` while it is below the HW.
+        self._held: dict[tuple[str, int], tuple[int, float]] = {}
+        #: ``partition -> (held offset, producer (id, epoch) of its batch)``, asked once per offset.
+        self._holders: dict[tuple[str, int], tuple[int, tuple[int, int] | None]] = {}
+        self._warnings: list[str] = []
         self._known: dict[tuple[str, int], int] = {}
         self._seen_topics: set[str] = set()
         self._latest_start: dict[tuple[str, int], int] | None = None
@@ -79,9 +103,10 @@ class Prober:
         self._unrouted_warned: set[str] = set()
 
     def upper(self) -> Frontier:
-        """The high watermark of every partition of every routed topic, joined with all earlier
-        probes. Raises :class:`SourceTimeout` if the broker does not answer,
-        :class:`DefiniteSourceError` if a partition's end went back or a listed topic was deleted."""
+        """The end (high watermark, or last stable offset when reading committed) of every
+        partition of every routed topic, joined with all earlier probes. Raises
+        :class:`SourceTimeout` if the broker does not answer, :class:`DefiniteSourceError` if a
+        partition's end went back or a listed topic was deleted."""
         from kafka import TopicPartition
 
         clients = self._clients
@@ -90,20 +115,22 @@ class Prober:
             # Step 1: discover. A topic (or partition) that appears joins the frontier now.
             partitions = self._discover(consumer)
             tps = [TopicPartition(t, p) for t, p in partitions]
-            # Step 2: probe the fetch-response high watermark of each partition.
-            learned = self._probe(consumer, tps)
+            # Step 2: probe the fetch-response end of each partition.
+            answers = self._probe(consumer, tps)
+            learned = {key: end for key, (end, _) in answers.items()}
             regressed = [tp for tp, hw in learned.items() if hw < self._known.get(tp, 0)]
             if regressed:  # confirm with a second probe (a fresh consumer) before calling it definite
                 again = clients.for_probe()
                 try:
-                    learned.update(self._probe(again, [TopicPartition(t, p) for t, p in regressed]))
+                    again_answers = self._probe(again, [TopicPartition(t, p) for t, p in regressed])
+                    learned.update({key: end for key, (end, _) in again_answers.items()})
                 finally:
                     close_client(again)
                 regressed = [tp for tp in regressed if learned[tp] < self._known.get(tp, 0)]
             if regressed:
                 t, p = regressed[0]
                 raise DefiniteSourceError(
-                    f"kafka partition {t}[{p}]: high watermark went back from {self._known[(t, p)]} to "
+                    f"kafka partition {t}[{p}]: {self._end_name()} went back from {self._known[(t, p)]} to "
                     f"{learned[(t, p)]} (topic deleted and re-created, or records lost on the broker)"
                 )
             if tps and not learned:
@@ -127,6 +154,8 @@ class Prober:
                 self._known[key] = hw
         if self._latest_start is None:
             self._latest_start = dict(learned)
+        if self._clients.read_committed:
+            self._note_held(answers)
         return Frontier({key: hw for key, hw in self._known.items() if hw > 0})
 
     def low_watermarks(self, partitions: Sequence[tuple[str, int]]) -> dict[tuple[str, int], int]:
@@ -212,17 +241,17 @@ class Prober:
         self._seen_topics |= present
         return partitions
 
-    def _probe(self, consumer: Any, tps: list[Any]) -> dict[tuple[str, int], int]:
-        """Fetch-response high watermark per partition (those that answered in time).
+    def _probe(self, consumer: Any, tps: list[Any]) -> dict[tuple[str, int], tuple[int, int]]:
+        """``(end, high watermark)`` per partition (those that answered in time).
 
         Each partition is fetched from its last known end, or for a partition seen for the first
         time from ``end_offsets() - 1``: only a *hint* that keeps the fetch small (Tansu answers
-        the last batch's base offset + 1, Kafka the true end); the answer is the high watermark
-        the fetch response carries. First one raw fetch per leader on a pooled client
-        (:meth:`_fetch_probe`); the partitions it leaves unanswered are polled through
-        ``consumer`` (:meth:`_poll_probe`), where a partition that answered is seeked to its high
-        watermark, so the records its fetch returned are dropped unparsed and the next poll moves
-        on to the other partitions.
+        the last batch's base offset + 1, Kafka the true end); the answer is what the fetch
+        response carries. First one raw fetch per leader on a pooled client
+        (:meth:`_fetch_probe`). The partitions it leaves unanswered (no leader known to the
+        pooled client yet, an offset out of range) are polled through ``consumer``
+        (:meth:`_poll_probe`) when reading uncommitted; a consumer knows no last stable offset,
+        so when reading committed they are fetched again from their low watermark instead.
 
         ``consumer`` must be fresh (see the module docstring), and this must never ``pause()`` a
         partition: kafka-python 3.0 parks the buffered fetch of a paused partition and, once another
@@ -245,24 +274,26 @@ class Prober:
             positions[tp] = known if known is not None else max(0, hints.get(tp, 0) - 1)
         answered = self._fetch_probe(positions)
         rest = [tp for tp in tps if (tp.topic, tp.partition) not in answered]
-        if rest:
-            answered.update(self._poll_probe(consumer, rest, positions))
+        if rest and self._clients.read_committed:
+            lows = low_watermarks(consumer, [(tp.topic, tp.partition) for tp in rest], self._clients)
+            answered.update(self._fetch_probe({tp: lows.get((tp.topic, tp.partition), 0) for tp in rest}))
+        elif rest:
+            answered.update({key: (hw, hw) for key, hw in self._poll_probe(consumer, rest, positions).items()})
         return answered
 
-    def _fetch_probe(self, positions: dict[Any, int]) -> dict[tuple[str, int], int]:
-        """High watermarks from one fetch request per leader on a pooled client: a thousand
-        partitions in one round trip. What it cannot answer (no leader known to the pooled
-        client yet, an offset out of range, a broker that does not answer) is left to
-        :meth:`_poll_probe`."""
+    def _fetch_probe(self, positions: dict[Any, int]) -> dict[tuple[str, int], tuple[int, int]]:
+        """Ends from one fetch request per leader on a pooled client: a thousand partitions in one
+        round trip. What it cannot answer (no leader known to the pooled client yet, an offset
+        out of range, a broker that does not answer) is left to the caller."""
         timeout = min(self._clients.read_timeout_s, _PROBE_WAIT_S)
         asks = {(tp.topic, tp.partition): offset for tp, offset in positions.items()}
         try:
             with lease(self._clients, time.monotonic() + timeout) as client:
-                return high_watermarks(client, asks, timeout)
+                return ends(client, asks, timeout, read_committed=self._clients.read_committed)
         except Exception as exc:
             if not (is_transient(exc) or isinstance(exc, SourceTimeout)):
                 raise
-            log.debug("kafka probe by fetch failed, polling instead: %s", describe(exc))
+            log.debug("kafka probe by fetch failed, asking another way: %s", describe(exc))
             return {}
 
     def _poll_probe(self, consumer: Any, tps: list[Any], positions: dict[Any, int]) -> dict[tuple[str, int], int]:
@@ -288,3 +319,73 @@ class Prober:
             return {(tp.topic, tp.partition): hw for tp in tps if (hw := consumer.highwater(tp)) is not None}
         finally:
             consumer.unsubscribe()  # no fetches between probes
+
+    # -- open transactions ------------------------------------------------------------------------
+
+    def warnings(self) -> list[str]:
+        """One line per partition an open transaction has held for ``open_transaction_warning_s``
+        or longer (as of the last probe)."""
+        return list(self._warnings)
+
+    def _note_held(self, answers: dict[tuple[str, int], tuple[int, int]]) -> None:
+        """Track how long each partition's last stable offset has stayed below its high watermark
+        at one offset (a moving LSO is transactions ending, not one held open), and word the
+        warnings for those held too long."""
+        now = time.monotonic()
+        for key, (end, hw) in answers.items():
+            held = self._held.get(key)
+            if end >= hw:
+                self._held.pop(key, None)
+            elif held is None or held[0] != end:
+                self._held[key] = (end, now)
+        warnings = []
+        for key, (lso, since) in sorted(self._held.items()):
+            if now - since < self._warn_after_s:
+                continue
+            if self._holders.get(key, (None,))[0] != lso:
+                self._holders[key] = (lso, self._holder(key, lso))
+            holder = self._holders[key][1]
+            who = f"producer id {holder[0]}, epoch {holder[1]}" if holder else "producer unknown"
+            hw = answers.get(key, (lso, lso))[1]
+            warnings.append(
+                f"kafka partition {key[0]}[{key[1]}]: an open transaction ({who}) has held the last stable "
+                f"offset at {lso} for {now - since:.0f} s (high watermark {hw}); records from {lso} on wait "
+                f"until it commits or aborts"
+            )
+        if len(warnings) > len(self._warnings):
+            log.warning("%s", warnings[-1])
+        self._warnings = warnings
+
+    def _holder(self, partition: tuple[str, int], offset: int) -> tuple[int, int] | None:
+        """``(producer id, epoch)`` of the transactional batch at ``offset``: the open
+        transaction's first batch, read uncommitted. None if the broker does not say."""
+        timeout = min(self._clients.read_timeout_s, _PROBE_WAIT_S)
+        try:
+            with lease(self._clients, time.monotonic() + timeout) as client:
+                client.partitions_for_topic(partition[0])
+                leader = client._client.cluster.leader_for_partition(_topic_partition(partition))
+                if leader is None or leader < 0:
+                    return None
+                manager = client._client._manager
+                request = fetch_request({partition: (offset, 1024)}, read_committed=False)
+                future = manager.call_soon(lambda: manager.send(request, node_id=leader))
+                response = manager.run(lambda: manager.wait_for(future, int(timeout * 1000)))
+        except Exception as exc:
+            if not (is_transient(exc) or isinstance(exc, SourceTimeout)):
+                raise
+            log.debug("kafka: cannot read the open transaction's producer: %s", describe(exc))
+            return None
+        for topic_data in response.responses:
+            for data in topic_data.partitions:
+                if data.error_code == 0 and data.records:
+                    return first_batch(data.records, offset)
+        return None
+
+    def _end_name(self) -> str:
+        return "last stable offset" if self._clients.read_committed else "high watermark"
+
+
+def _topic_partition(partition: tuple[str, int]) -> Any:
+    from kafka import TopicPartition
+
+    return TopicPartition(*partition)

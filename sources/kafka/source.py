@@ -33,6 +33,7 @@ from reclock.sources.kafka.batches import Fetched
 from reclock.sources.kafka.clients import KafkaClients, check_client_settings
 from reclock.sources.kafka.committer import commit_offsets
 from reclock.sources.kafka.config import (
+    ISOLATION_LEVELS,
     POLICIES,
     KafkaRoute,
     Policy,
@@ -66,6 +67,11 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
     every output inherits. ``metadata`` names record metadata to add as columns: a list of
     ``key``, ``headers``, ``topic``, ``partition``, ``offset``, ``timestamp``, or a mapping from
     those to column names.
+
+    ``isolation_level`` is ``"read_committed"`` (the default: records of aborted transactions are
+    dropped, the upper stops at the last stable offset, so an open transaction holds it back) or
+    ``"read_uncommitted"`` (every record, up to the high watermark). A partition held by an open
+    transaction for ``open_transaction_warning_s`` is named by :meth:`warnings`.
     """
 
     #: Rows per Arrow batch that :meth:`read` yields (bounded memory per task).
@@ -99,6 +105,8 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         client_settings: Mapping[str, Any] | None = None,
         max_split_offsets: int = 1_000_000,
         read_timeout_s: float = 30.0,
+        isolation_level: str = "read_committed",
+        open_transaction_warning_s: float = 60.0,
     ) -> None:
         servers = check_bootstrap(bootstrap_servers)
         selected_topics, selected_pattern = check_selection(topics, pattern)
@@ -113,6 +121,10 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         self.max_split_offsets = max_split_offsets
         if not isinstance(read_timeout_s, (int, float)) or isinstance(read_timeout_s, bool) or read_timeout_s <= 0:
             raise ConfigError("read_timeout_s", f"must be a number > 0, got {read_timeout_s!r}")
+        self.isolation_level = check_choice("isolation_level", isolation_level, ISOLATION_LEVELS)
+        warn_s = open_transaction_warning_s
+        if not isinstance(warn_s, (int, float)) or isinstance(warn_s, bool) or warn_s < 0:
+            raise ConfigError("open_transaction_warning_s", f"must be a number >= 0, got {warn_s!r}")
         defaults = {
             "format": format,
             "schema": schema,
@@ -127,8 +139,9 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         routes = build_routes(selected_topics, selected_pattern, outputs, defaults)
         self.start = check_start(start)
         self._routing = Routing(selected_topics, selected_pattern, routes)
-        self._clients = KafkaClients(servers, settings, float(read_timeout_s))
-        self._prober = Prober(self._clients, self._routing, self.start)
+        committed = self.isolation_level == "read_committed"
+        self._clients = KafkaClients(servers, settings, float(read_timeout_s), read_committed=committed)
+        self._prober = Prober(self._clients, self._routing, self.start, open_transaction_warning_s=float(warn_s))
 
     @classmethod
     def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> KafkaSource:
@@ -175,10 +188,10 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         return [route.output for route in self._routing.routes]
 
     def upper(self) -> Frontier:
-        """Probe: the high watermark of every partition of every routed topic, joined with all
-        earlier probes (never regresses). Raises :class:`SourceTimeout` if the broker does not
-        answer, :class:`DefiniteSourceError` if a partition's end went back or a listed topic was
-        deleted."""
+        """Probe: the last stable offset (``read_committed``) or the high watermark of every
+        partition of every routed topic, joined with all earlier probes (never regresses). Raises
+        :class:`SourceTimeout` if the broker does not answer, :class:`DefiniteSourceError` if a
+        partition's end went back or a listed topic was deleted."""
         return self._prober.upper()
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[KafkaSplit]:
@@ -235,6 +248,11 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
                 on_record_error=self.on_record_error,
             )
 
+    def warnings(self) -> list[str]:
+        """Partitions an open transaction has held back for ``open_transaction_warning_s`` or
+        longer, as of the last probe, each with the producer id when the broker shows it."""
+        return self._prober.warnings()
+
     def commit(self, frontier: Frontier) -> None:
         """Commit the frontier's offsets of this source's partitions to ``group_id`` (offset =
         next to read). Advisory: logs a warning on failure, never raises."""
@@ -250,7 +268,7 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         return (
             f"KafkaSource(bootstrap_servers={self.bootstrap_servers!r}, {selection}, "
             f"outputs={[r.name for r in self._routing.routes]!r}, start={self._start_repr()}, "
-            f"group_id={self.group_id!r}, client_settings={settings})"
+            f"group_id={self.group_id!r}, isolation_level={self.isolation_level!r}, client_settings={settings})"
         )
 
     # -- internals (the tests also drive the stages through them) ------------------------------
