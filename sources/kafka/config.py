@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
-from reclock.sources.decode import Decoder, as_schema, make_decoder
+from reclock.sources.decode import Decoder, RegistryDecoder, as_schema, make_decoder, make_registry_decoder
 from reclock.timeline.frontier import Partition, Reread, decode_partition, encode_partition
 
 __all__ = [
@@ -73,6 +73,8 @@ _OUTPUT_KEYS = frozenset(
         "key_format",
         "key",
         "envelope",
+        "schema_registry",
+        "reader_schema",
     }
 )
 
@@ -84,7 +86,7 @@ class KafkaRoute:
     name: str
     topics: frozenset[str]
     pattern: re.Pattern[str] | None
-    decoder: Decoder
+    decoder: Decoder | RegistryDecoder
     metadata: tuple[tuple[str, str], ...]  # (metadata field, column name)
     key_format: Literal["bytes", "text"]
     output: Output = field(compare=False)
@@ -278,16 +280,29 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     row_schema = as_schema(opts["schema"], field=f"{where}.format.schema")
     if envelope == "debezium" and (opts["format"] != "json" or row_schema is None):
         raise ConfigError(f"{where}.envelope", 'debezium needs format = "json" and the row\'s schema')
-    decoder = make_decoder(
-        opts["format"],
-        debezium_schema(row_schema) if envelope == "debezium" else opts["schema"],
-        delimiter=opts["delimiter"],
-        quote_char=opts["quote_char"],
-        avro_schema=opts["avro_schema"],
-        confluent=opts["confluent"],
-        avro_writer_schemas=opts["avro_writer_schemas"],
-        field=f"{where}.format",
-    )
+    decoder: Decoder | RegistryDecoder
+    if opts.get("schema_registry") is not None or opts["format"] == "protobuf":
+        if envelope == "debezium":
+            raise ConfigError(f"{where}.envelope", "debezium reads plain JSON, not registry formats")
+        decoder = make_registry_decoder(
+            opts["format"],
+            opts["schema"],
+            schema_registry=opts.get("schema_registry"),
+            reader_schema=opts.get("reader_schema"),
+            default_subject=f"{route_topics[0]}-value" if len(route_topics) == 1 else None,
+            field=where,
+        )
+    else:
+        decoder = make_decoder(
+            opts["format"],
+            debezium_schema(row_schema) if envelope == "debezium" else opts["schema"],
+            delimiter=opts["delimiter"],
+            quote_char=opts["quote_char"],
+            avro_schema=opts["avro_schema"],
+            confluent=opts["confluent"],
+            avro_writer_schemas=opts["avro_writer_schemas"],
+            field=f"{where}.format",
+        )
     key_format = opts["key_format"]
     if key_format not in ("bytes", "text"):
         raise ConfigError(f"{where}.key_format", f"must be 'bytes' or 'text', got {key_format!r}")
