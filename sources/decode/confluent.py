@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -123,7 +123,7 @@ class RegistryDecoder:
                 continue
             local: list[RecordFault] = []
             group = values if len(at) == len(values) else [values[int(i)] for i in at]
-            decoded = reader(group, local)  # type: ignore[operator]
+            decoded = reader(cast("Sequence[bytes]", group), local)  # framed: none of them is None
             faults.extend((int(at[i]), kind, message) for i, kind, message in local)
             if len(decoded.good):
                 chunks.append((at[decoded.good], decoded))
@@ -222,7 +222,7 @@ class RegistryDecoder:
             good: list[int] = []
             for i, value in enumerate(values):
                 try:
-                    indexes, start = message_indexes(memoryview(value)[_HEADER:])
+                    indexes, start = message_indexes(value[_HEADER:])
                     if indexes not in by_indexes:
                         cls = find(indexes)
                         by_indexes[indexes] = (cls, converter(cls.DESCRIPTOR))

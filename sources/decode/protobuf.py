@@ -61,7 +61,7 @@ _WRAPPERS = {
 _JSON_TYPES = ("google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue")
 
 
-def message_indexes(payload: bytes) -> tuple[tuple[int, ...], int]:
+def message_indexes(payload: bytes | memoryview) -> tuple[tuple[int, ...], int]:
     """The message indexes at the head of a Protobuf payload and where the message starts.
 
     Confluent's encoding: a zigzag varint count, then that many zigzag varints; a single ``0``
@@ -81,7 +81,7 @@ def message_indexes(payload: bytes) -> tuple[tuple[int, ...], int]:
     return tuple(out), at
 
 
-def _varint(data: bytes, at: int) -> tuple[int, int]:
+def _varint(data: bytes | memoryview, at: int) -> tuple[int, int]:
     shift = result = 0
     while True:
         if at >= len(data) or shift > 63:
