@@ -43,6 +43,13 @@ _FIXED_WIDTH = {"null": 0, "boolean": 1, "float": 4, "double": 8}
 _VARINT_TOP = {"int": (5, 0x0F), "long": (10, 0x01)}
 _LOGICAL_OK = {("int", "date"), ("long", "timestamp-millis"), ("long", "timestamp-micros"), ("string", "uuid")}
 _NO_PROOF = -(1 << 40)  # a length no row has: the proof fails
+#: Dates and timestamps fastavro can read (Python's years 1 to 9999); past them it rejects the
+#: datum, so the columnar path must not accept it.
+_PYTHON_RANGE = {
+    "date": (-719_162, 2_932_896),
+    "timestamp-millis": (-62_135_596_800_000, 253_402_300_799_999),
+    "timestamp-micros": (-62_135_596_800_000_000, 253_402_300_799_999_999),
+}
 
 #: A column to each row's canonical encoded length.
 _Length = Callable[[pa.Array], np.ndarray]
@@ -170,10 +177,14 @@ def _value(node: Any) -> tuple[_Length, _Check] | None:
         return fixed, _no_check
     if kind in _VARINT_TOP:
         top_length, top_byte = _VARINT_TOP[kind]
+        low, high = _PYTHON_RANGE.get(logical, (-(1 << 63), (1 << 63) - 1))
 
         def varint_check(raw: np.ndarray, at: np.ndarray, col: pa.Array) -> bool:
-            longest = _varint_length(_as_int64(col)) == top_length
-            return bool((raw[at[longest] + top_length - 1] <= top_byte).all())  # no bits past the width
+            values = _as_int64(col)
+            longest = _varint_length(values) == top_length
+            if not (raw[at[longest] + top_length - 1] <= top_byte).all():  # no bits past the width
+                return False
+            return bool(((values >= low) & (values <= high)).all())
 
         return _strict(lambda col: _varint_length(_as_int64(col))), varint_check
     if kind in ("string", "bytes"):
