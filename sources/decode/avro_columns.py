@@ -177,7 +177,7 @@ def _value(node: Any) -> tuple[_Length, _Check] | None:
         return fixed, _no_check
     if kind in _VARINT_TOP:
         top_length, top_byte = _VARINT_TOP[kind]
-        low, high = _PYTHON_RANGE.get(logical, (-(1 << 63), (1 << 63) - 1))
+        low, high = _PYTHON_RANGE.get(logical or "", (-(1 << 63), (1 << 63) - 1))
 
         def varint_check(raw: np.ndarray, at: np.ndarray, col: pa.Array) -> bool:
             values = _as_int64(col)

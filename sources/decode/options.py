@@ -91,6 +91,7 @@ def make_registry_decoder(
     reader_schema: Any = None,
     default_subject: str | None = None,
     field: str = "format",
+    reader_field: str = "reader_schema",
 ) -> RegistryDecoder:
     """A decoder of Confluent-framed ``avro``, ``protobuf`` or ``json`` values, their writer
     schemas resolved through ``schema_registry``.
@@ -100,14 +101,15 @@ def make_registry_decoder(
     ``default_subject``, the topic's ``<topic>-value``; ``version`` is a number, so a restart
     never finds other columns; ``message`` picks a Protobuf message by full name). Reading the
     reader schema needs the registry: an outage here is a :class:`ConfigError` saying so.
-    ``field`` prefixes :class:`ConfigError` field names (``outputs.orders``).
+    ``field`` prefixes :class:`ConfigError` field names (``outputs.orders``); ``reader_field``
+    names the reader-schema option (``key_schema`` for keys).
     """
     if format not in REGISTRY_FORMATS:
         raise ConfigError(f"{field}.format", f"with schema_registry, format is one of {', '.join(REGISTRY_FORMATS)}")
     settings = check_registry(schema_registry, f"{field}.schema_registry")
     columns = as_schema(schema, field=f"{field}.schema")
     if columns is None:
-        where = f"{field}.reader_schema"
+        where = f"{field}.{reader_field}"
         if not isinstance(reader_schema, Mapping):
             raise ConfigError(where, "give the output's schema, or reader_schema = {subject = ..., version = N}")
         unknown = sorted(set(reader_schema) - {"subject", "version", "message"})

@@ -65,7 +65,9 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
     ``quote_char``, ``avro_schema``, ``confluent``, ``schema_registry``, ``reader_schema``,
     ``metadata``, ``key_format``) are the defaults every output inherits. With
     ``schema_registry``, ``avro``, ``protobuf`` and ``json`` values are in the Confluent wire
-    format and decode with their writer's schema (:mod:`reclock.sources.decode.confluent`). ``metadata`` names record metadata to add as columns: a list of
+    format and decode with their writer's schema (:mod:`reclock.sources.decode.confluent`); so do
+    keys with ``key_format`` ``avro``, ``protobuf`` or ``json`` (a struct ``key`` column whose
+    fields come from ``key_schema``, by default subject ``<topic>-key``). ``metadata`` names record metadata to add as columns: a list of
     ``key``, ``headers``, ``topic``, ``partition``, ``offset``, ``timestamp``, or a mapping from
     those to column names.
     """
@@ -94,6 +96,7 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         avro_writer_schemas: Mapping[Any, Any] | None = None,
         schema_registry: str | Mapping[str, Any] | None = None,
         reader_schema: Mapping[str, Any] | None = None,
+        key_schema: Mapping[str, Any] | None = None,
         metadata: Sequence[str] | Mapping[str, str] = (),
         key_format: str = "bytes",
         start: str | Mapping[Any, int] = "earliest",
@@ -127,6 +130,7 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
             "avro_writer_schemas": avro_writer_schemas,
             "schema_registry": schema_registry,
             "reader_schema": reader_schema,
+            "key_schema": key_schema,
             "metadata": metadata,
             "key_format": key_format,
         }

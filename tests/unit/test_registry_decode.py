@@ -308,3 +308,37 @@ def test_rich_records_round_trip_through_fastavro_as_the_serializer_wrote_them(r
     )
     datum = fastavro.schemaless_reader(io.BytesIO(value[5:]), fastavro.parse_schema(RICH), None)
     assert datum["e"] == "C" and datum["o"] == "q" and np.int64(datum["l"]) == 1
+
+
+def test_registry_keys_land_as_a_struct_column_and_a_bad_key_is_its_records_fault(registry):
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    from reclock.sources.base import ERRORS
+    from reclock.sources.kafka import KafkaSource
+    from reclock.sources.kafka.batches import Fetched
+
+    reg = client(registry.url)
+    key_schema = {"type": "record", "name": "Key", "fields": [{"name": "id", "type": "long"}]}
+    key_of = AvroSerializer(reg, json.dumps(key_schema))
+    value_of = avro_serializer(reg, AVRO_V1)
+    keys = [key_of({"id": i}, SerializationContext("kt", MessageField.KEY)) for i in range(3)] + [None, b"bad key"]
+    values = [value_of("kt", _record(i)) for i in range(5)]
+    source = KafkaSource(
+        "127.0.0.1:1",
+        topics=["kt"],
+        format="avro",
+        schema_registry=registry.url,
+        reader_schema={"version": 1},
+        key_format="avro",
+        key_schema={"version": 1},
+        metadata={"key": "k"},
+    )
+    assert source.outputs()[0].schema.field("k").type == pa.struct([("id", pa.int64())])
+    offsets = np.arange(5, dtype=np.int64)
+    records = Fetched(offsets, offsets + 1000, Values.of(keys), Values.of(values), None, None)
+    out = dict(source._shape(records, '["kt",0]', "kt", 0))
+    assert out["kt"].column("k").to_pylist() == [{"id": 0}, {"id": 1}, {"id": 2}, None]
+    assert out["kt"].column("id").to_pylist() == [0, 1, 2, 3]
+    errors = out[ERRORS].to_pylist()
+    assert [(e["_offset"], e["kind"]) for e in errors] == [(4, "decode")] and errors[0]["message"].startswith("key: ")
