@@ -310,3 +310,35 @@ def _run_until(lake, name: str, topic: str, end: int) -> None:
     watcher.join()
     pipeline.source.close()
     assert SECRET not in repr(pipeline.source)
+
+
+def test_registry_keys_land_as_struct_columns_next_to_their_values(broker, topic, produce, registry, tmp_path):
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    stream = Stream("avro", registry.url, topic())
+    classes = order_classes(1)
+    key_of = ProtobufSerializer(classes["Line"], client(registry.url), {"use.deprecated.format": False})
+    keys = [
+        key_of(classes["Line"](sku=f"k{i}", qty=i), SerializationContext(stream.topic, MessageField.KEY))
+        for i in range(20)
+    ]
+    sent = produce.send(stream.topic, [stream.v1(i) for i in range(20)], keys=[*keys[:19], None])
+    source = KafkaSource(
+        broker.bootstrap,
+        topics=[stream.topic],
+        format="avro",
+        schema_registry=registry.url,
+        reader_schema={"version": 1},
+        key_format="protobuf",
+        key_schema={"version": 1, "message": "shop.Line"},
+        metadata={"key": "line"},
+        read_timeout_s=5.0,
+    )
+    pipeline = Pipeline("p", tmp_path, source)
+    _step_until(pipeline, stream.topic, sent[-1][2] + 1)
+    rows, errors = _tables(tmp_path, output_name_for(stream.topic))
+    assert not errors and sorted(rows) == [o for _, _, o in sent]
+    expected = [{"sku": f"k{i}", "qty": i} for i in range(19)] + [None]
+    assert [rows[o]["line"] for _, _, o in sent] == expected
+    assert [rows[o]["id"] for _, _, o in sent] == list(range(20))
