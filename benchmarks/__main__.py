@@ -25,6 +25,7 @@ SCENARIOS = [
     "memory",
     "growth",
     "windows",
+    "registry_avro",
 ]
 
 

@@ -18,21 +18,28 @@ The stages, one module each:
 * :mod:`~reclock.sources.decode.screening`: cheap guesses that steer isolation through systematically
   bad data.
 * :mod:`~reclock.sources.decode.avro`: Avro datums, and the Arrow schema of an Avro schema.
+* :mod:`~reclock.sources.decode.confluent`: registry formats, values in the Confluent wire format
+  decoded with their writer's schema (:mod:`~reclock.sources.decode.registry` resolves the ids,
+  :mod:`~reclock.sources.decode.protobuf` turns Protobuf messages into rows).
 * :mod:`~reclock.sources.decode.result`: what a decoder returns.
 """
 
 from reclock.sources.decode.avro import avro_to_arrow_schema
+from reclock.sources.decode.confluent import REGISTRY_FORMATS, RegistryDecoder
 from reclock.sources.decode.formats import FORMATS, Decoder, Format
-from reclock.sources.decode.options import as_schema, make_decoder
+from reclock.sources.decode.options import as_schema, make_decoder, make_registry_decoder
 from reclock.sources.decode.result import Decoded, RecordFault
 
 __all__ = [
     "FORMATS",
+    "REGISTRY_FORMATS",
     "Decoded",
     "Decoder",
     "Format",
     "RecordFault",
+    "RegistryDecoder",
     "as_schema",
     "avro_to_arrow_schema",
     "make_decoder",
+    "make_registry_decoder",
 ]

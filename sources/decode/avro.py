@@ -23,7 +23,7 @@ from reclock.sources.base import clip_message
 from reclock.sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, empty_batch
 from reclock.sources.decode.unknown import UNKNOWN_FIELD, unknown_column
 
-__all__ = ["avro_json", "avro_to_arrow_schema", "decode_avro", "reading_schema"]
+__all__ = ["avro_json", "avro_to_arrow_schema", "decode_avro", "reading_schema", "rows_to_batch", "with_unknown_rows"]
 
 _CONFLUENT_HEADER = 5
 
@@ -98,12 +98,13 @@ def decode_avro(
             continue
         rows.append({"value": datum} if wrap else datum)
         good.append(i)
-    decoded = _to_batch(rows, good, schema, errors)
-    return _with_unknown(decoded, rows, good, schema) if unknown_fields else decoded
+    decoded = rows_to_batch(rows, good, schema, errors)
+    return with_unknown_rows(decoded, rows, good, schema) if unknown_fields else decoded
 
 
-def _to_batch(rows: list[Any], good: list[int], schema: pa.Schema, errors: list[RecordFault]) -> Decoded:
-    """The datums read as a batch of ``schema``; a datum that does not fit it is a fault."""
+def rows_to_batch(rows: list[Any], good: list[int], schema: pa.Schema, errors: list[RecordFault]) -> Decoded:
+    """``rows`` (decoded values, ``None`` for a tombstone) of the inputs ``good`` as a batch of
+    ``schema``; a row that does not fit it is a fault (appended to ``errors``)."""
     if not good:
         return Decoded(empty_batch(schema), NO_ROWS, list(errors))
     dicts = [row if row is not None else {} for row in rows]
@@ -127,7 +128,7 @@ def _to_batch(rows: list[Any], good: list[int], schema: pa.Schema, errors: list[
     return Decoded(batch, np.asarray(kept_idx, dtype=np.int64), sorted(errors))
 
 
-def _with_unknown(decoded: Decoded, rows: list[Any], good: list[int], schema: pa.Schema) -> Decoded:
+def with_unknown_rows(decoded: Decoded, rows: list[Any], good: list[int], schema: pa.Schema) -> Decoded:
     """``decoded`` plus each good datum's fields ``schema`` lacks (a datum Arrow rejected is not
     among ``decoded.good``)."""
     by_index = dict(zip(good, rows, strict=True))

@@ -13,9 +13,11 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.decode.avro import avro_json, avro_to_arrow_schema
+from reclock.sources.decode.confluent import REGISTRY_FORMATS, RegistryDecoder, reader_columns
 from reclock.sources.decode.formats import FORMATS, Decoder
+from reclock.sources.decode.registry import RegistryUnavailable, UnknownSchema, check_registry
 
-__all__ = ["as_schema", "make_decoder"]
+__all__ = ["as_schema", "make_decoder", "make_registry_decoder"]
 
 _VALUE_TEXT = pa.schema([pa.field("value", pa.string())])
 _VALUE_BYTES = pa.schema([pa.field("value", pa.binary())])
@@ -79,6 +81,60 @@ def make_decoder(
         confluent=bool(confluent),
         avro_writer_schemas=writers,
     )
+
+
+def make_registry_decoder(
+    format: str,
+    schema: pa.Schema | Mapping[str, Any] | None,
+    *,
+    schema_registry: Any,
+    reader_schema: Any = None,
+    default_subject: str | None = None,
+    field: str = "format",
+    reader_field: str = "reader_schema",
+) -> RegistryDecoder:
+    """A decoder of Confluent-framed ``avro``, ``protobuf`` or ``json`` values, their writer
+    schemas resolved through ``schema_registry``.
+
+    The output's columns are ``schema`` when given; otherwise those of the reader schema pinned
+    in the registry, ``reader_schema = {subject, version, message}`` (``subject`` defaults to
+    ``default_subject``, the topic's ``<topic>-value``; ``version`` is a number, so a restart
+    never finds other columns; ``message`` picks a Protobuf message by full name). Reading the
+    reader schema needs the registry: an outage here is a :class:`ConfigError` saying so.
+    ``field`` prefixes :class:`ConfigError` field names (``outputs.orders``); ``reader_field``
+    names the reader-schema option (``key_schema`` for keys).
+    """
+    if format not in REGISTRY_FORMATS:
+        raise ConfigError(f"{field}.format", f"with schema_registry, format is one of {', '.join(REGISTRY_FORMATS)}")
+    settings = check_registry(schema_registry, f"{field}.schema_registry")
+    columns = as_schema(schema, field=f"{field}.schema")
+    if columns is None:
+        where = f"{field}.{reader_field}"
+        if not isinstance(reader_schema, Mapping):
+            raise ConfigError(where, "give the output's schema, or reader_schema = {subject = ..., version = N}")
+        unknown = sorted(set(reader_schema) - {"subject", "version", "message"})
+        if unknown:
+            raise ConfigError(f"{where}.{unknown[0]}", "unknown option; expected subject, version, message")
+        subject = reader_schema.get("subject", default_subject)
+        version = reader_schema.get("version")
+        message = reader_schema.get("message")
+        if not isinstance(subject, str) or not subject:
+            raise ConfigError(f"{where}.subject", "needed when an output reads several topics")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ConfigError(f"{where}.version", "must be a version number >= 1 (pinned: a restart reads the same)")
+        if message is not None and (format != "protobuf" or not isinstance(message, str)):
+            raise ConfigError(f"{where}.message", "a Protobuf message's full name, for format 'protobuf' only")
+        try:
+            columns = reader_columns(format, settings, subject, version, message)  # type: ignore[arg-type]
+        except RegistryUnavailable as exc:
+            raise ConfigError(where, f"cannot read {subject} version {version}: {exc}") from None
+        except UnknownSchema as exc:
+            raise ConfigError(where, f"{subject} version {version} is not in the registry: {exc}") from None
+        except (ValueError, KeyError, TypeError, ConfigError) as exc:
+            raise ConfigError(where, f"{subject} version {version}: {exc}") from None
+    if len(columns) == 0:
+        raise ConfigError(f"{field}.schema", "needs at least one column")
+    return RegistryDecoder(format, columns, settings)  # type: ignore[arg-type]
 
 
 def _writer_schemas(writers: Mapping[Any, Any] | None, confluent: bool, field: str) -> tuple[tuple[int, Any], ...]:

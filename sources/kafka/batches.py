@@ -142,10 +142,10 @@ def parse_many(
             next_offset = base + last_delta + 1
             if count <= 0:
                 continue
-            body = view[pos + _HEADER : end]
+            body: bytes | memoryview = view[pos + _HEADER : end]
             codec = attributes & _COMPRESSION
             if codec and (not attributes & _CONTROL or ranges is not None):
-                body = _decompress(codec, body, base)
+                body = _decompress(codec, view[pos + _HEADER : end], base)
             if ranges is not None and ranges.drops(attributes, pid, next_offset - 1, body):
                 continue
             if not attributes & _CONTROL:

@@ -23,11 +23,12 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
-from reclock.sources.decode import Decoder, as_schema, make_decoder
+from reclock.sources.decode import Decoder, RegistryDecoder, as_schema, make_decoder, make_registry_decoder
 from reclock.timeline.frontier import Partition, Reread, decode_partition, encode_partition
 
 __all__ = [
     "ISOLATION_LEVELS",
+    "KEY_FORMATS",
     "METADATA_COLUMNS",
     "POLICIES",
     "KafkaRoute",
@@ -76,8 +77,13 @@ _OUTPUT_KEYS = frozenset(
         "key_format",
         "key",
         "envelope",
+        "schema_registry",
+        "reader_schema",
+        "key_schema",
     }
 )
+#: ``key_format`` values: the key as it is, as UTF-8 text, or a registry format (a struct column).
+KEY_FORMATS = ("bytes", "text", "avro", "protobuf", "json")
 
 
 @dataclass(frozen=True)
@@ -87,10 +93,12 @@ class KafkaRoute:
     name: str
     topics: frozenset[str]
     pattern: re.Pattern[str] | None
-    decoder: Decoder
+    decoder: Decoder | RegistryDecoder
     metadata: tuple[tuple[str, str], ...]  # (metadata field, column name)
-    key_format: Literal["bytes", "text"]
+    key_format: Literal["bytes", "text", "avro", "protobuf", "json"]
     output: Output = field(compare=False)
+    #: With a registry ``key_format``: the decoder of keys into the ``key`` column's struct.
+    key_decoder: RegistryDecoder | None = None
 
     def matches(self, topic: str) -> bool:
         return topic in self.topics or (self.pattern is not None and self.pattern.fullmatch(topic) is not None)
@@ -281,23 +289,53 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     row_schema = as_schema(opts["schema"], field=f"{where}.format.schema")
     if envelope == "debezium" and (opts["format"] != "json" or row_schema is None):
         raise ConfigError(f"{where}.envelope", 'debezium needs format = "json" and the row\'s schema')
-    decoder = make_decoder(
-        opts["format"],
-        debezium_schema(row_schema) if envelope == "debezium" else opts["schema"],
-        delimiter=opts["delimiter"],
-        quote_char=opts["quote_char"],
-        avro_schema=opts["avro_schema"],
-        confluent=opts["confluent"],
-        avro_writer_schemas=opts["avro_writer_schemas"],
-        field=f"{where}.format",
-    )
+    decoder: Decoder | RegistryDecoder
+    if opts.get("schema_registry") is not None or opts["format"] == "protobuf":
+        if envelope == "debezium":
+            raise ConfigError(f"{where}.envelope", "debezium reads plain JSON, not registry formats")
+        decoder = make_registry_decoder(
+            opts["format"],
+            opts["schema"],
+            schema_registry=opts.get("schema_registry"),
+            reader_schema=opts.get("reader_schema"),
+            default_subject=f"{route_topics[0]}-value" if len(route_topics) == 1 else None,
+            field=where,
+        )
+    else:
+        decoder = make_decoder(
+            opts["format"],
+            debezium_schema(row_schema) if envelope == "debezium" else opts["schema"],
+            delimiter=opts["delimiter"],
+            quote_char=opts["quote_char"],
+            avro_schema=opts["avro_schema"],
+            confluent=opts["confluent"],
+            avro_writer_schemas=opts["avro_writer_schemas"],
+            field=f"{where}.format",
+        )
     key_format = opts["key_format"]
+    if key_format not in KEY_FORMATS:
+        raise ConfigError(f"{where}.key_format", f"must be one of {', '.join(KEY_FORMATS)}, got {key_format!r}")
+    key_decoder = None
     if key_format not in ("bytes", "text"):
-        raise ConfigError(f"{where}.key_format", f"must be 'bytes' or 'text', got {key_format!r}")
+        if opts.get("schema_registry") is None:
+            raise ConfigError(f"{where}.key_format", f"{key_format!r} keys need schema_registry")
+        key_decoder = make_registry_decoder(
+            key_format,
+            None,
+            schema_registry=opts["schema_registry"],
+            reader_schema=opts.get("key_schema"),
+            default_subject=f"{route_topics[0]}-key" if len(route_topics) == 1 else None,
+            field=where,
+            reader_field="key_schema",
+        )
     metadata = _check_metadata(opts["metadata"], f"{where}.metadata")
     fields = list(row_schema) if row_schema is not None and envelope == "debezium" else list(decoder.schema)
     for meta, column in metadata:
-        ftype = pa.string() if meta == "key" and key_format == "text" else METADATA_COLUMNS[meta]
+        ftype = METADATA_COLUMNS[meta]
+        if meta == "key" and key_format == "text":
+            ftype = pa.string()
+        elif meta == "key" and key_decoder is not None:
+            ftype = pa.struct(list(key_decoder.schema))
         fields.append(pa.field(column, ftype))
     names = [f.name for f in fields]
     clash = sorted({n for n in names if names.count(n) > 1} | {n for n in names if n.startswith("_")})
@@ -311,7 +349,7 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     if missing:
         raise ConfigError(f"{where}.key", f"key column {missing[0]!r} is not a column of the output")
     output = Output(name, pa.schema(fields), key, envelope)
-    return KafkaRoute(name, frozenset(route_topics), compiled, decoder, metadata, key_format, output)
+    return KafkaRoute(name, frozenset(route_topics), compiled, decoder, metadata, key_format, output, key_decoder)
 
 
 def _check_metadata(metadata: Any, where: str) -> tuple[tuple[str, str], ...]:

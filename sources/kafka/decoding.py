@@ -175,9 +175,12 @@ def _metadata_columns(
     for meta, _ in route.metadata:
         if meta == "key":
             raw = records.keys
-            keys = raw.to_arrow() if raw is not None else pa.nulls(n, pa.binary())
-            if route.key_format == "text":
-                keys, faults = _text_keys(keys)
+            if route.key_decoder is not None:
+                keys, faults = _registry_keys(raw if raw is not None else [None] * n, route)
+            else:
+                keys = raw.to_arrow() if raw is not None else pa.nulls(n, pa.binary())
+                if route.key_format == "text":
+                    keys, faults = _text_keys(keys)
             columns.append(keys)
         elif meta == "headers":
             headers = records.headers if records.headers is not None else [[] for _ in range(n)]
@@ -210,3 +213,23 @@ def _text_keys(keys: pa.Array) -> tuple[pa.Array, list[tuple[int, str, str]]]:
             faults.append((i, "decode", f"invalid UTF-8 key: {exc}"))
     bad = {i for i, _, _ in faults}
     return pa.array([None if i in bad else k for i, k in enumerate(listed)], pa.binary()).cast(pa.string()), faults
+
+
+def _registry_keys(raw: Sequence[bytes | None], route: KafkaRoute) -> tuple[pa.Array, list[tuple[int, str, str]]]:
+    """Registry-framed keys as a struct column (null for a null key); a key that does not decode
+    is a fault of its record, with the kind its decoder gave (``decode``, ``unknown_schema``)."""
+    assert route.key_decoder is not None
+    decoded = route.key_decoder.decode(raw)
+    fields = list(route.key_decoder.schema)
+    n = len(raw)
+    row = np.zeros(n, np.int64)  # each record's row in the decoded batch (0 where it has none)
+    row[decoded.good] = np.arange(len(decoded.good))
+    present = np.zeros(n, bool)
+    present[decoded.good] = True
+    present &= np.asarray([value is not None for value in raw], bool)
+    if not len(decoded.good):
+        return pa.nulls(n, pa.struct(fields)), [(i, kind, f"key: {m}") for i, kind, m in decoded.errors]
+    take = pa.array(row)
+    children = [column.take(take) for column in decoded.batch.columns]
+    keys = pa.StructArray.from_arrays(children, fields=fields, mask=pa.array(~present))
+    return keys, [(i, kind, f"key: {message}") for i, kind, message in decoded.errors]

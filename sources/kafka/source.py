@@ -63,10 +63,14 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
     "key": [...], "envelope": ...}``; without it, each listed topic gets an output named after it
     (:func:`output_name_for`), and a ``pattern`` source gets one output named after the pattern.
     The format options given to the constructor (``format``, ``schema``, ``delimiter``,
-    ``quote_char``, ``avro_schema``, ``confluent``, ``metadata``, ``key_format``) are the defaults
-    every output inherits. ``metadata`` names record metadata to add as columns: a list of
-    ``key``, ``headers``, ``topic``, ``partition``, ``offset``, ``timestamp``, or a mapping from
-    those to column names.
+    ``quote_char``, ``avro_schema``, ``confluent``, ``schema_registry``, ``reader_schema``,
+    ``metadata``, ``key_format``) are the defaults every output inherits. With
+    ``schema_registry``, ``avro``, ``protobuf`` and ``json`` values are in the Confluent wire
+    format and decode with their writer's schema (:mod:`reclock.sources.decode.confluent`); so do
+    keys with ``key_format`` ``avro``, ``protobuf`` or ``json`` (a struct ``key`` column whose
+    fields come from ``key_schema``, by default subject ``<topic>-key``). ``metadata`` names record
+    metadata to add as columns: a list of ``key``, ``headers``, ``topic``, ``partition``,
+    ``offset``, ``timestamp``, or a mapping from those to column names.
 
     ``isolation_level`` is ``"read_committed"`` (the default: records of aborted transactions are
     dropped, the upper stops at the last stable offset, so an open transaction holds it back) or
@@ -96,6 +100,9 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         avro_schema: str | Mapping[str, Any] | None = None,
         confluent: bool = False,
         avro_writer_schemas: Mapping[Any, Any] | None = None,
+        schema_registry: str | Mapping[str, Any] | None = None,
+        reader_schema: Mapping[str, Any] | None = None,
+        key_schema: Mapping[str, Any] | None = None,
         metadata: Sequence[str] | Mapping[str, str] = (),
         key_format: str = "bytes",
         start: str | Mapping[Any, int] = "earliest",
@@ -133,6 +140,9 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
             "avro_schema": avro_schema,
             "confluent": confluent,
             "avro_writer_schemas": avro_writer_schemas,
+            "schema_registry": schema_registry,
+            "reader_schema": reader_schema,
+            "key_schema": key_schema,
             "metadata": metadata,
             "key_format": key_format,
         }
@@ -169,11 +179,12 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
 
     def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
         """Hand each record's undeclared fields on (schema evolution): a JSON object's other keys,
-        or the fields of an Avro writer schema (``avro_writer_schemas``) the output lacks."""
+        the fields of an Avro writer schema (``avro_writer_schemas``) the output lacks, or with a
+        schema registry those of any writer schema."""
         routes = []
         for route in self._routing.routes:
             if route.name in outputs:
-                if route.decoder.format not in ("json", "avro") or route.output.envelope == "debezium":
+                if route.decoder.format not in ("json", "avro", "protobuf") or route.output.envelope == "debezium":
                     raise ConfigError(
                         f"outputs.{route.name}.schema_evolution",
                         f"a {route.decoder.format} {route.output.envelope} output has no fields to evolve",
