@@ -84,7 +84,7 @@ def _overview_row(snap: Snapshot, p: PipelineState) -> dict[str, Any]:
         "health": p.status.get("health", "created"),
         "finished": p.finished,
         "error": error,
-        "hint": HINTS.get(state, ""),
+        "hint": HINTS.get(state, "").replace("NAME", p.name),
         "readable_upper": p.readable_upper,
         "freshness_ms": _freshness(snap.taken_ms, p.readable_upper),
         "lag": sum(lags.values()) if lags else None,
@@ -257,7 +257,9 @@ def _cut(snap: Snapshot, names: list[str], lake_uri: str) -> dict[str, Any]:
     else:
         as_of = joint - 1
         outputs = {o: s.upper for o, s in held.outputs.items() if s.upper is not None}
-        holder = {"pipeline": held.name, "output": min(outputs, key=lambda o: outputs[o]) if outputs else None}
+        # The output furthest behind; among equals a data output rather than _errors.
+        behind = min(outputs, key=lambda o: (outputs[o], o == "_errors", o)) if outputs else None
+        holder = {"pipeline": held.name, "output": behind}
     return {
         "joint_upper": joint,
         "as_of": as_of,
