@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from reclock.job.config import redacted
@@ -89,7 +90,8 @@ class Snapshot:
     taken_ms: int
     duration_ms: int
     pipelines: Mapping[str, PipelineState] = field(default_factory=dict)
-    tables: Mapping[str, pa.Table] = field(default_factory=dict)
+    #: Per status table, per pipeline: its rows, oldest first (split once per refresh, not per request).
+    tables: Mapping[str, Mapping[str, pa.Table]] = field(default_factory=dict)
 
 
 class _TableRows:
@@ -116,8 +118,10 @@ class _TableRows:
         uris = self._table.file_uris()
         kept = {uri: self._files[uri] for uri in uris if uri in self._files}
         new = [uri for uri in uris if uri not in kept]
+        schema = self._file_schema()
+        columns = None if self.columns is None else [c for c in self.columns if c in schema.names]
         for uri in new:
-            kept[uri] = self._conform(store.read_parquet([uri], schema=self._file_schema(), columns=self.columns))
+            kept[uri] = self._conform(store.read_parquet([uri], schema=schema, columns=columns))
         self._files, self._version = kept, version
         parts = [kept[uri] for uri in uris]
         rows = pa.concat_tables(parts) if parts else self.schema.empty_table()
@@ -224,10 +228,11 @@ class LakeView:
             tables_read = {}
             for table, rows in self._status.items():
                 try:
-                    tables_read[table] = rows.read()
+                    data = rows.read()
                 except Exception as exc:  # a status table mid-maintenance: keep the last rows
                     log.info("status table %s not read this time: %s", table, exc)
-                    tables_read[table] = rows.rows
+                    data = rows.rows
+                tables_read[table] = _by_pipeline(data)
             now = wall_clock_ms()
             self.snapshot = Snapshot(taken_ms=now, duration_ms=now - started, pipelines=pipelines, tables=tables_read)
             return self.snapshot
@@ -282,6 +287,19 @@ class LakeView:
             problems=tuple(problems),
             env_names=tuple(sorted(set(_ENV.findall(raw)))),
         )
+
+
+def _by_pipeline(rows: pa.Table) -> dict[str, pa.Table]:
+    """The rows of each pipeline, each oldest first: one sort, then a slice per pipeline."""
+    if rows.num_rows == 0:
+        return {}
+    rows = rows.take(pc.sort_indices(rows, [("pipeline", "ascending"), ("time_ms", "ascending")]))
+    counts = pc.value_counts(rows.column("pipeline"))
+    out, start = {}, 0
+    for name, count in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist(), strict=True):
+        out[name] = rows.slice(start, count)
+        start += count
+    return out
 
 
 def _first_line(exc: Exception) -> str:

@@ -56,7 +56,7 @@ class StatusPage:
     def __init__(
         self, lake: Lake, *, host: str = "127.0.0.1", port: int = 0, refresh_s: float = DEFAULT_REFRESH_S
     ) -> None:
-        self.lake = lake
+        self.lake, self.host = lake, host
         self.view = LakeView(lake)
         self.refresh_s = refresh_s
         self._stop = threading.Event()
@@ -68,8 +68,7 @@ class StatusPage:
 
     @property
     def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}/"
+        return f"http://{self.host}:{self.httpd.server_port}/"
 
     def start(self) -> StatusPage:
         for target, name in ((self.httpd.serve_forever, "ui-http"), (self._refresh_loop, "ui-refresh")):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
@@ -27,6 +28,8 @@ import pyarrow.compute as pc
 
 from reclock.job.file_states import FileStatus
 from reclock.persist.asof import CLOSED_UPPER
+from reclock.persist.status_tables import STATUS_SCHEMAS
+from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 from reclock.ui.lake_view import PipelineState, Snapshot
 
 __all__ = ["HINTS", "PHASES", "overview", "series", "state_of", "table", "timeline"]
@@ -143,10 +146,9 @@ def _seconds(ms: int | None) -> float | None:
 
 
 def _rows_of(snap: Snapshot, table: str, name: str) -> pa.Table:
-    rows = snap.tables.get(table)
-    if rows is None or rows.num_rows == 0:
-        return pa.table({}) if rows is None else rows
-    return rows.filter(pc.equal(rows.column("pipeline"), name))
+    """The pipeline's rows of a status table, oldest first (empty if it has none)."""
+    rows = snap.tables.get(table, {}).get(name)
+    return rows if rows is not None else STATUS_SCHEMAS[table].empty_table()
 
 
 def _batches(snap: Snapshot, name: str, limit: int) -> list[dict[str, Any]]:
@@ -186,14 +188,22 @@ def _batches(snap: Snapshot, name: str, limit: int) -> list[dict[str, Any]]:
 def _latest_lags(snap: Snapshot, name: str) -> dict[str, int]:
     """Per partition, the source's upper at the last probe less what every output holds, from each
     partition's newest ``offsets`` row (rows written before ``source_latest`` existed say nothing)."""
-    rows = _rows_of(snap, "offsets", name)
+    rows = _rows_of(snap, "offsets", name).select(["partition", "latest_loaded", "source_latest"])
+    rows = rows.filter(pc.and_(pc.is_valid(rows.column("source_latest")), pc.is_valid(rows.column("latest_loaded"))))
     if rows.num_rows == 0:
         return {}
-    latest: dict[str, int] = {}
-    for r in rows.select(["partition", "latest_loaded", "source_latest"]).to_pylist():
-        if r["source_latest"] is not None and r["latest_loaded"] is not None:
-            latest[r["partition"]] = max(0, r["source_latest"] - r["latest_loaded"])
-    return latest
+    newest = rows.group_by("partition", use_threads=False).aggregate(
+        [("latest_loaded", "last"), ("source_latest", "last")]
+    )
+    return {
+        part: max(0, latest - loaded)
+        for part, loaded, latest in zip(
+            newest.column("partition").to_pylist(),
+            newest.column("latest_loaded_last").to_pylist(),
+            newest.column("source_latest_last").to_pylist(),
+            strict=True,
+        )
+    }
 
 
 def _lag_series(snap: Snapshot, name: str) -> dict[str, Any]:
@@ -312,72 +322,58 @@ def table(
     record_errors: pa.Table | None = None,
     files: list[FileStatus] | None = None,
 ) -> dict[str, Any]:
-    """One page of a table, newest first: ``where`` keeps rows whose column contains the text."""
-    if kind == "files" and files is not None:
-        rows = [
-            {
-                "path": f.path,
-                "generation": f.generation,
-                "size": f.size,
-                "state": f.state,
-                "into_ts": f.into_ts,
-                "reason": f.reason,
-            }
-            for f in files
-        ]
+    """One page of a table, newest first: ``where`` keeps rows whose column contains the text
+    (any case). Filtered and paged in Arrow: only the page's rows become JSON."""
+    if kind == "files":
+        data = pa.Table.from_pylist([asdict(f) for f in files or []], schema=_FILES)
     elif kind == "offsets":
-        rows = _offsets_rows(snap, name)
+        data = _offsets_rows(snap, name)
     else:
-        data = _rows_of(snap, kind, name)
-        rows = data.to_pylist()[::-1] if data.num_rows else []
+        data = _rows_of(snap, kind, name).drop_columns(["pipeline"])
         if kind == "errors" and record_errors is not None and record_errors.num_rows:
-            shaped = [
+            shaped = pa.table(
                 {
-                    "time_ms": r["_into_ts"],
-                    "kind": r["kind"],
-                    "code": "record",
-                    "message": r["message"],
-                    "batch_id": r["_into_ts"],
-                    "partition": r["_partition"],
-                    "offset": r["_offset"],
+                    "kind": record_errors.column("kind"),
+                    "code": pa.array(["record"] * record_errors.num_rows, pa.string()),
+                    "message": record_errors.column("message"),
+                    "batch_id": record_errors.column(INTO_TS),
+                    "partition": record_errors.column(PARTITION),
+                    "offset": record_errors.column(OFFSET),
+                    "time_ms": record_errors.column(INTO_TS),
                 }
-                for r in record_errors.to_pylist()
-            ]
-            rows = sorted(rows + shaped, key=lambda r: r["time_ms"] or 0, reverse=True)
-    for row in rows:
-        row.pop("pipeline", None)
+            )
+            data = pa.concat_tables([data, shaped.select(data.column_names)]).sort_by("time_ms")
     for column, text in (where or {}).items():
-        needle = text.lower()
-        rows = [r for r in rows if needle in str(r.get(column, "")).lower()]
-    return {
-        "pipeline": name,
-        "table": kind,
-        "total": len(rows),
-        "offset": offset,
-        "rows": rows[offset : offset + limit],
-    }
+        if column in data.column_names and text:
+            shown = pc.cast(data.column(column), pa.string())
+            data = data.filter(pc.fill_null(pc.match_substring(shown, text, ignore_case=True), False))
+    total = data.num_rows
+    if kind != "files":  # the others are oldest first: a page from the end, reversed
+        end = max(0, total - offset)
+        rows = data.slice(max(0, end - limit), end - max(0, end - limit)).to_pylist()[::-1]
+    else:
+        rows = data.slice(offset, limit).to_pylist()
+    return {"pipeline": name, "table": kind, "total": total, "offset": offset, "rows": rows}
 
 
-def _offsets_rows(snap: Snapshot, name: str) -> list[dict[str, Any]]:
-    """Per partition, its newest ``offsets`` row, with the lag it implies."""
-    data = _rows_of(snap, "offsets", name)
-    newest: dict[str, dict[str, Any]] = {}
-    for r in data.to_pylist() if data.num_rows else []:
-        newest[r["partition"]] = r
-    rows = []
-    for part, r in sorted(newest.items()):
-        lag = None
-        if r.get("source_latest") is not None and r["latest_loaded"] is not None:
-            lag = max(0, r["source_latest"] - r["latest_loaded"])
-        rows.append(
-            {
-                "partition": part,
-                "earliest": r["earliest"],
-                "bound": r["latest"],
-                "loaded": r["latest_loaded"],
-                "source_latest": r.get("source_latest"),
-                "lag": lag,
-                "time_ms": r["time_ms"],
-            }
-        )
-    return rows
+_FILES = pa.schema(
+    [
+        ("path", pa.string()),
+        ("generation", pa.int64()),
+        ("size", pa.int64()),
+        ("state", pa.string()),
+        ("into_ts", pa.int64()),
+        ("reason", pa.string()),
+    ]
+)
+
+
+def _offsets_rows(snap: Snapshot, name: str) -> pa.Table:
+    """Per partition, its newest ``offsets`` row, with the lag it implies, oldest first."""
+    rows = _rows_of(snap, "offsets", name)
+    columns = ["earliest", "latest", "latest_loaded", "source_latest", "time_ms"]
+    newest = rows.group_by("partition", use_threads=False).aggregate([(c, "last") for c in columns])
+    newest = newest.rename_columns(["partition", "earliest", "bound", "loaded", "source_latest", "time_ms"])
+    lag = pc.max_element_wise(pc.subtract(newest.column("source_latest"), newest.column("loaded")), 0)
+    # Descending: a page is read from the end and reversed (as for the tables oldest first).
+    return newest.append_column("lag", lag).sort_by([("partition", "descending")])
