@@ -214,6 +214,7 @@ class LakeView:
         self._status = {
             name: _TableRows(lake, lake.status_table_path(name), schema) for name, schema in STATUS_SCHEMAS.items()
         }
+        self._split: dict[str, tuple[pa.Table, dict[str, pa.Table]]] = {}
         self._lock = threading.Lock()
         self.snapshot = Snapshot(taken_ms=0, duration_ms=0)
 
@@ -232,7 +233,10 @@ class LakeView:
                 except Exception as exc:  # a status table mid-maintenance: keep the last rows
                     log.info("status table %s not read this time: %s", table, exc)
                     data = rows.rows
-                tables_read[table] = _by_pipeline(data)
+                split = self._split.get(table)
+                if split is None or split[0] is not data:  # split again only what a refresh changed
+                    split = self._split[table] = (data, _by_pipeline(data))
+                tables_read[table] = split[1]
             now = wall_clock_ms()
             self.snapshot = Snapshot(taken_ms=now, duration_ms=now - started, pipelines=pipelines, tables=tables_read)
             return self.snapshot
