@@ -26,6 +26,7 @@ SCENARIOS = [
     "growth",
     "windows",
     "registry_avro",
+    "status_page",
 ]
 
 

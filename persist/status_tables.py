@@ -93,7 +93,15 @@ STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
         ]
     ),
     "offsets": pa.schema(
-        [("pipeline", _S), ("partition", _S), ("earliest", _I), ("latest", _I), ("latest_loaded", _I), ("time_ms", _I)]
+        [
+            ("pipeline", _S),
+            ("partition", _S),
+            ("earliest", _I),
+            ("latest", _I),
+            ("latest_loaded", _I),
+            ("time_ms", _I),
+            ("source_latest", _I),  # the source's upper at the batch's probe (Kafka: the high watermark)
+        ]
     ),
 }
 

@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from reclock.cli import control as cli_control
 from reclock.cli import status as cli_status
+from reclock.cli import ui as cli_ui
 from reclock.cli.progress import Steps, job_view
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.job import lifecycle
@@ -273,6 +274,7 @@ def _parser() -> argparse.ArgumentParser:
         )
         command.set_defaults(func=_maintain, optimize=name == "optimize", vacuum=name == "vacuum")
     cli_control.register(commands, _lake, _seconds)
+    cli_ui.register(commands, _lake)
     return parser
 
 

@@ -102,6 +102,7 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
             if r.earliest is not None:
                 first[r.partition] = min(first.get(r.partition, r.earliest), r.earliest)
         resume = pipeline.resume_frontier()
+        probe = pipeline.minter.last_probe  # how far the source was: lag over time is probe - loaded
         tables.append(
             "offsets",
             [
@@ -111,6 +112,7 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
                     "earliest": first.get(encode_partition(p)),
                     "latest": o,
                     "latest_loaded": o if resume.is_closed else resume.offset(p),
+                    "source_latest": None if probe is None or probe.is_closed else probe.offset(p),
                 }
                 for p, o in report.upper.items()
                 # A file's offsets never change once it is loaded: a files batch writes the files it

@@ -74,3 +74,26 @@ def postgres():
     server = PostgresServer()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator:
+    """Headless Chromium from the distribution's packages, driven by Selenium through the
+    distribution's chromedriver: nothing is downloaded at run time. Skipped, saying why, on a
+    machine without them (``scripts/bootstrap`` installs them where it may use apt)."""
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if chromium is None or driver is None:
+        pytest.skip("needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=1400,1000")
+    session = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver))
+    yield session
+    session.quit()

@@ -42,6 +42,9 @@ def test_pip_install_puts_only_reclock_at_the_top_level(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"reclock", wheel.name.split("-py")[0] + ".dist-info"}
     assert "reclock/sources/kafka/source.py" in names and "reclock/persist/remap.py" in names
+    # The status page works offline: its page, script, style and chart library ship in the wheel.
+    static = {"index.html", "app.js", "app.css", "uPlot.iife.min.js", "uPlot.min.css", "uPlot.LICENSE.txt"}
+    assert {f"reclock/ui/static/{name}" for name in static} <= set(names)
 
     env = tmp_path / "env"
     venv.create(env, with_pip=True)
