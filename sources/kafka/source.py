@@ -67,9 +67,9 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
     ``schema_registry``, ``avro``, ``protobuf`` and ``json`` values are in the Confluent wire
     format and decode with their writer's schema (:mod:`reclock.sources.decode.confluent`); so do
     keys with ``key_format`` ``avro``, ``protobuf`` or ``json`` (a struct ``key`` column whose
-    fields come from ``key_schema``, by default subject ``<topic>-key``). ``metadata`` names record metadata to add as columns: a list of
-    ``key``, ``headers``, ``topic``, ``partition``, ``offset``, ``timestamp``, or a mapping from
-    those to column names.
+    fields come from ``key_schema``, by default subject ``<topic>-key``). ``metadata`` names
+    record metadata to add as columns: a list of ``key``, ``headers``, ``topic``, ``partition``,
+    ``offset``, ``timestamp``, or a mapping from those to column names.
     """
 
     #: Rows per Arrow batch that :meth:`read` yields (bounded memory per task).
