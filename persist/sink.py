@@ -247,9 +247,9 @@ class OutputSink:
 
     def refresh(self) -> IntoTime:
         """Re-read the label from the table: after a conflict, a fault, or another driver."""
-        with lake_io(f"reading output table {self.path.name}"):
+        with lake_io(f"reading output table {self.path.name}"):  # the label too: delta-rs reads it from the log
             self._table.update_incremental()
-        self._upper = _label_upper(self._table, self.app_id)
+            self._upper = _label_upper(self._table, self.app_id)
         return self._upper
 
     def commit(self, files: list[DataFile], binding_ts: IntoTime, *, planned_upper: IntoTime | None = None) -> bool:
@@ -264,8 +264,8 @@ class OutputSink:
         planned = self._upper if planned_upper is None else planned_upper
         with lake_io(f"reading output table {self.path.name}"):
             self._table.update_incremental()
+            current = _label_upper(self._table, self.app_id)
         table = self._table
-        current = _label_upper(table, self.app_id)
         if current > binding_ts:
             self._upper = current
             self._discard(files)

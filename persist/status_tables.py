@@ -12,13 +12,17 @@ rate, and never on the batch's critical path. Every few hundred flushes rows old
 retention are deleted and the tables are maintained like outputs (small files compacted, files
 unreferenced for an hour vacuumed, the log expiring after an hour), so a job that runs for months
 keeps them small in rows, files and log alike.
+
+A job's rows are fenced like its data: each flush first calls the job's ``fence`` (its lease
+check), so a driver that lost the pipeline to another writes no row after the takeover; what it
+had buffered is dropped (the lake's truth, not these rows, is what the new driver restores from).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +30,7 @@ from deltalake import write_deltalake
 
 from reclock.persist import maintenance
 from reclock.persist.lake import Lake
+from reclock.persist.lease import LeaseLost
 from reclock.persist.read import read_table
 from reclock.timeline.frontier import wall_clock_ms
 
@@ -104,10 +109,23 @@ _STATUS_FILE_BYTES = 32 << 20
 
 
 class StatusTables:
-    """Buffered appender for the status tables of one lake; ``close`` flushes what is left."""
+    """Buffered appender for the status tables of one lake; ``close`` flushes what is left.
 
-    def __init__(self, lake: Lake, *, retention_days: float = 7.0, flush_interval: float = 1.0) -> None:
+    ``fence`` is called before every write and raises once this writer may not write any more
+    (:class:`~reclock.persist.lease.LeaseLost`: from then on nothing is written or kept).
+    """
+
+    def __init__(
+        self,
+        lake: Lake,
+        *,
+        retention_days: float = 7.0,
+        flush_interval: float = 1.0,
+        fence: Callable[[], None] = lambda: None,
+    ) -> None:
         self.lake = lake
+        self._fence = fence
+        self._fenced = False
         self.retention_ms = int(retention_days * 86_400_000)
         self._buffer: dict[str, list[dict[str, Any]]] = {name: [] for name in STATUS_SCHEMAS}
         self._lock = threading.Lock()
@@ -119,7 +137,8 @@ class StatusTables:
     def append(self, table: str, rows: list[dict[str, Any]]) -> None:
         now = wall_clock_ms()
         with self._lock:
-            self._buffer[table].extend({"time_ms": now, **row} for row in rows)
+            if not self._fenced:
+                self._buffer[table].extend({"time_ms": now, **row} for row in rows)
 
     def flush(self) -> None:
         with self._lock:
@@ -129,6 +148,7 @@ class StatusTables:
             path = self.lake.status_table_path(name)
             data = pa.Table.from_pylist(rows, schema=STATUS_SCHEMAS[name])
             try:
+                self._check()
                 write_deltalake(
                     str(path),
                     data,
@@ -136,6 +156,8 @@ class StatusTables:
                     schema_mode="merge",  # a lake written before a column was added gains it
                     storage_options=self.lake.store.delta_options,
                 )
+            except LeaseLost:
+                return
             except Exception as exc:  # observability must never take the pipeline down
                 log.warning("could not write status table %s: %s", name, exc)
         self._flushes += 1
@@ -151,20 +173,36 @@ class StatusTables:
         while not self._stop.wait(interval):
             self.flush()
 
+    def _check(self) -> None:
+        """The fence; once it raises :class:`LeaseLost`, every buffered and later row is dropped."""
+        if not self._fenced:
+            try:
+                self._fence()
+                return
+            except LeaseLost:
+                with self._lock:
+                    self._fenced = True
+                    self._buffer = {name: [] for name in STATUS_SCHEMAS}
+        raise LeaseLost("the status tables are another driver's to write now")
+
     def _maintain(self) -> None:
         """Expire old rows, then compact and vacuum; other jobs of the lake may do it at once."""
         cutoff = wall_clock_ms() - self.retention_ms
         for name in STATUS_SCHEMAS:
             path = self.lake.status_table_path(name)
-            if self.lake.store.is_table(path):
-                try:
-                    table = self.lake.store.open_table(path)
-                    table.delete(f"time_ms < {cutoff}")
-                    maintenance.set_retention(table, _STATUS_HISTORY_MINUTES)
-                    maintenance.optimize(table, _STATUS_FILE_BYTES)
-                    maintenance.vacuum(table, _STATUS_HISTORY_MINUTES)
-                except Exception as exc:
-                    log.info("status retention on %s deferred: %s", name, exc)
+            try:  # all of it: an exception here would end the flushing thread for good
+                if not self.lake.store.is_table(path):
+                    continue
+                self._check()
+                table = self.lake.store.open_table(path)
+                table.delete(f"time_ms < {cutoff}")
+                maintenance.set_retention(table, _STATUS_HISTORY_MINUTES)
+                maintenance.optimize(table, _STATUS_FILE_BYTES)
+                maintenance.vacuum(table, _STATUS_HISTORY_MINUTES)
+            except LeaseLost:
+                return
+            except Exception as exc:
+                log.info("status retention on %s deferred: %s", name, exc)
 
 
 def read_status_table(lake: Lake, table: str, pipeline: str | None = None) -> pa.Table:

@@ -21,13 +21,13 @@ from dataclasses import asdict, replace
 from types import FrameType
 from typing import Any, TextIO, TypeAlias
 
-from reclock.errors import ConfigError, StorageError
+from reclock.errors import ConfigError, ReclockError
 from reclock.job import status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
-from reclock.job.status import HEARTBEAT_S, Status, write_status
+from reclock.job.status import HEARTBEAT_S, Status, StatusWriter
 from reclock.job.status_restore import restore_history
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
@@ -246,10 +246,13 @@ def _run_leased(
     max_seconds: float | None,
 ) -> Pipeline:
     """The job under the pipeline's lease: it checks it before every durable write, so a job that
-    lost it stops before its next commit, as failed, and writes no status over its successor's."""
+    lost it stops before its next commit, as failed, and writes no status over its successor's
+    (:class:`~reclock.job.status.StatusWriter`, and the status tables' own fence)."""
+    writer = StatusWriter(lake, name, lease)
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
-    # while the data plane starts (a Spark session takes seconds).
-    _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
+    # while the data plane starts (a Spark session takes seconds). It also fences a driver that
+    # lost the lease to this one: its next conditional write of the snapshot fails.
+    _heartbeat(writer, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
     source = source_of(lake, name, config, created_at)
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
@@ -271,13 +274,13 @@ def _run_leased(
 
     def beat() -> None:
         if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
-            _heartbeat(lake, status)
+            _heartbeat(writer, status)
 
     watcher = threading.Thread(
         target=_watch, args=(lambda: lake.store.exists(stop_file), stop, max_seconds, beat), daemon=True
     )
     watcher.start()
-    tables = StatusTables(lake, retention_days=config.status_retention_days)
+    tables = StatusTables(lake, retention_days=config.status_retention_days, fence=lease.check)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
     status_rows.record_state(tables, pipeline, config_json)
     restore_history(lake, tables, pipeline)
@@ -296,7 +299,7 @@ def _run_leased(
 
     def publish(p: Pipeline) -> None:
         if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
-            _publish(lake, p, status, names)
+            _publish(writer, p, status, names)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -402,18 +405,19 @@ def _asked(stop_requested: Callable[[], bool]) -> bool:
 _status_lock = threading.Lock()
 
 
-def _heartbeat(lake: Lake, status: Status) -> None:
+def _heartbeat(writer: StatusWriter, status: Status) -> None:
     """Re-stamp the last snapshot as of now: the job is alive and can still write the lake."""
     with _status_lock:
         try:
             status.updated_ms = wall_clock_ms()
-            write_status(lake, status)
-        except OSError as exc:
+            writer.write(status)
+        except (OSError, ReclockError) as exc:  # a lost lease too: the pipeline's fence stops the job
             log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
 
 
-def _publish(lake: Lake, pipeline: Pipeline, status: Status, names: dict[Partition, str]) -> None:
-    """Write the status snapshot; a lake that refuses it must not end the job (see StorageError).
+def _publish(writer: StatusWriter, pipeline: Pipeline, status: Status, names: dict[Partition, str]) -> None:
+    """Write the status snapshot; a lake that refuses it must not end the job (see StorageError),
+    and a lost lease is the pipeline's fence's to act on (the snapshot is simply not written).
 
     ``names`` keeps each partition's encoded name for the job: a files frontier names every file
     ever loaded, and encoding them all again at every batch cost more than the batch's reads.
@@ -431,10 +435,10 @@ def _publish(lake: Lake, pipeline: Pipeline, status: Status, names: dict[Partiti
                 # idle job publishes at every probe).
                 status.resume_upper = pipeline.resume_upper
                 status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
-            status.bindings = len(pipeline.remap.bindings)
+            status.bindings = len(pipeline.remap.held_bindings)  # no re-read of the remap table here
             status.updated_ms = wall_clock_ms()
-            write_status(lake, status)
-        except (OSError, StorageError) as exc:
+            writer.write(status)
+        except (OSError, ReclockError) as exc:
             log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
 
 
