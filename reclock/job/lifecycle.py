@@ -54,6 +54,10 @@ log = logging.getLogger("reclock.job")
 #: What ``signal.signal`` returns and takes back: a handler, ``SIG_DFL``/``SIG_IGN``, or ``None``.
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 
+#: Seconds between two looks for a stop request, at least: the batch cadence
+#: (``batch_interval``) when it is slower. A look is a request to the lake.
+_STOP_POLL_S = 1.0
+
 
 def create(
     config: PipelineConfig,
@@ -277,7 +281,15 @@ def _run_leased(
             _heartbeat(writer, status)
 
     watcher = threading.Thread(
-        target=_watch, args=(lambda: lake.store.exists(stop_file), stop, max_seconds, beat), daemon=True
+        target=_watch,
+        args=(
+            lambda: lake.store.exists(stop_file),
+            stop,
+            max_seconds,
+            beat,
+            max(config.settings.batch_interval, _STOP_POLL_S),
+        ),
+        daemon=True,
     )
     watcher.start()
     tables = StatusTables(lake, retention_days=config.status_retention_days, fence=lease.check)
@@ -297,9 +309,9 @@ def _run_leased(
 
     names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier
 
-    def publish(p: Pipeline) -> None:
+    def publish(p: Pipeline, *, if_changed: bool = False) -> None:
         if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
-            _publish(writer, p, status, names)
+            _publish(writer, p, status, names, if_changed=if_changed)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -312,7 +324,7 @@ def _run_leased(
         if metrics is not None:
             metrics.observe(report)
         _log_batch(report)
-        publish(pipeline)
+        publish(pipeline, if_changed=report.idle)  # an idle step changes nothing the heartbeat does not
         if progress is not None and not (report.idle and pipeline.health is last_health[0]):
             _progress_line(progress, pipeline, status, time.monotonic() - started)  # not once per idle wait
         last_health[0] = pipeline.health
@@ -321,7 +333,7 @@ def _run_leased(
         pipeline.run(
             stop,
             on_batch=on_batch,
-            on_health=publish,
+            on_health=lambda p: publish(p, if_changed=True),  # heard after every batch too: once is enough
             on_start=lambda report: tables.append("batches", [status_rows.in_progress(pipeline, report)]),
         )
     except Exception:
@@ -380,17 +392,29 @@ def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
 
 
 def _watch(
-    stop_requested: Callable[[], bool], stop: threading.Event, max_seconds: float | None, beat: Callable[[], None]
+    stop_requested: Callable[[], bool],
+    stop: threading.Event,
+    max_seconds: float | None,
+    beat: Callable[[], None],
+    poll_s: float,
 ) -> None:
-    """Stop on request or deadline; keep the status snapshot fresh while a batch or backoff runs."""
+    """Stop on request or deadline; keep the status snapshot fresh while a batch or backoff runs.
+
+    The stop request is looked for every ``poll_s`` seconds only (the batch cadence): each look
+    is a request to the lake, and the in-flight batch completes before a stop anyway. The deadline
+    and the heartbeat's due time cost nothing to check, so they are checked often.
+    """
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    next_beat = time.monotonic() + HEARTBEAT_S
+    next_poll = time.monotonic() + poll_s
     while not stop.wait(0.2):
-        if _asked(stop_requested) or (deadline is not None and time.monotonic() > deadline):
+        now = time.monotonic()
+        if now >= next_poll:
+            next_poll = now + poll_s
+            if _asked(stop_requested):
+                stop.set()
+        if deadline is not None and now > deadline:
             stop.set()
-        if time.monotonic() >= next_beat:
-            beat()
-            next_beat = time.monotonic() + HEARTBEAT_S
+        beat()
 
 
 def _asked(stop_requested: Callable[[], bool]) -> bool:
@@ -406,8 +430,11 @@ _status_lock = threading.Lock()
 
 
 def _heartbeat(writer: StatusWriter, status: Status) -> None:
-    """Re-stamp the last snapshot as of now: the job is alive and can still write the lake."""
+    """Re-stamp the last snapshot as of now, once it is :data:`HEARTBEAT_S` old: the job is alive
+    and can still write the lake (a snapshot published since says so already)."""
     with _status_lock:
+        if wall_clock_ms() - status.updated_ms < HEARTBEAT_S * 1000:
+            return
         try:
             status.updated_ms = wall_clock_ms()
             writer.write(status)
@@ -415,31 +442,47 @@ def _heartbeat(writer: StatusWriter, status: Status) -> None:
             log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
 
 
-def _publish(writer: StatusWriter, pipeline: Pipeline, status: Status, names: dict[Partition, str]) -> None:
+def _publish(
+    writer: StatusWriter,
+    pipeline: Pipeline,
+    status: Status,
+    names: dict[Partition, str],
+    *,
+    if_changed: bool = False,
+) -> None:
     """Write the status snapshot; a lake that refuses it must not end the job (see StorageError),
     and a lost lease is the pipeline's fence's to act on (the snapshot is simply not written).
 
     ``names`` keeps each partition's encoded name for the job: a files frontier names every file
     ever loaded, and encoding them all again at every batch cost more than the batch's reads.
+    ``if_changed``: write only if the snapshot says something new (an idle step would otherwise
+    cost a PUT every ``batch_interval``; the heartbeat keeps its time fresh).
 
     The snapshot is observability: the next publish after the storage recovers repairs it, and
     readers never trust a stale ``running`` anyway (:func:`reclock.job.status.read_status`).
     """
     with _status_lock:
         try:
+            said = _said(status)
             status.health = pipeline.health.value
             status.finished = pipeline.finished
             status.last_error = pipeline.last_error
             if status.resume_upper != pipeline.resume_upper or status.resume_frontier == "{}":
-                # R(resume_upper - 1) is fixed by resume_upper: encode it only when it moved (an
-                # idle job publishes at every probe).
+                # R(resume_upper - 1) is fixed by resume_upper: encode it only when it moved.
                 status.resume_upper = pipeline.resume_upper
                 status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
             status.bindings = len(pipeline.remap.held_bindings)  # no re-read of the remap table here
+            if if_changed and status.updated_ms and _said(status) == said:
+                return
             status.updated_ms = wall_clock_ms()
             writer.write(status)
         except (OSError, ReclockError) as exc:
             log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
+
+
+def _said(status: Status) -> dict[str, Any]:
+    """What a snapshot tells a reader, but for when it was written."""
+    return {**asdict(status), "updated_ms": 0}
 
 
 def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
