@@ -21,13 +21,13 @@ from dataclasses import asdict, replace
 from types import FrameType
 from typing import Any, TextIO, TypeAlias
 
-from reclock.errors import ConfigError, ReclockError
-from reclock.job import status_rows
+from reclock.errors import ConfigError
+from reclock.job import status_publish, status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
-from reclock.job.status import HEARTBEAT_S, Status, StatusWriter
+from reclock.job.status import Status, StatusWriter
 from reclock.job.status_restore import restore_history
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
@@ -44,7 +44,7 @@ from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataP
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
 from reclock.sources.base import FileStates, Source, parse_generations
-from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
+from reclock.timeline.frontier import Partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "maintain_pipeline", "request_stop", "run"]
@@ -256,7 +256,7 @@ def _run_leased(
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds). It also fences a driver that
     # lost the lease to this one: its next conditional write of the snapshot fails.
-    _heartbeat(writer, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
+    status_publish.heartbeat(writer, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
     source = source_of(lake, name, config, created_at)
     stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
@@ -278,7 +278,7 @@ def _run_leased(
 
     def beat() -> None:
         if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
-            _heartbeat(writer, status)
+            status_publish.heartbeat(writer, status)
 
     watcher = threading.Thread(
         target=_watch,
@@ -311,7 +311,7 @@ def _run_leased(
 
     def publish(p: Pipeline, *, if_changed: bool = False) -> None:
         if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
-            _publish(writer, p, status, names, if_changed=if_changed)
+            status_publish.publish(writer, p, status, names, if_changed=if_changed)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -424,78 +424,6 @@ def _asked(stop_requested: Callable[[], bool]) -> bool:
     except OSError as exc:
         log.info("could not look for a stop request: %s", exc)
         return False
-
-
-_status_lock = threading.Lock()
-
-
-def _heartbeat(writer: StatusWriter, status: Status) -> None:
-    """Re-stamp the last snapshot as of now, once it is :data:`HEARTBEAT_S` old: the job is alive
-    and can still write the lake (a snapshot published since says so already)."""
-    with _status_lock:
-        if wall_clock_ms() - status.updated_ms < HEARTBEAT_S * 1000:
-            return
-        try:
-            status.updated_ms = wall_clock_ms()
-            writer.write(status)
-        except (OSError, ReclockError) as exc:  # a lost lease too: the pipeline's fence stops the job
-            log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
-
-
-def _publish(
-    writer: StatusWriter,
-    pipeline: Pipeline,
-    status: Status,
-    names: dict[Partition, str],
-    *,
-    if_changed: bool = False,
-) -> None:
-    """Write the status snapshot; a lake that refuses it must not end the job (see StorageError),
-    and a lost lease is the pipeline's fence's to act on (the snapshot is simply not written).
-
-    ``names`` keeps each partition's encoded name for the job: a files frontier names every file
-    ever loaded, and encoding them all again at every batch cost more than the batch's reads.
-    ``if_changed``: write only if the snapshot says something new (an idle step would otherwise
-    cost a PUT every ``batch_interval``; the heartbeat keeps its time fresh).
-
-    The snapshot is observability: the next publish after the storage recovers repairs it, and
-    readers never trust a stale ``running`` anyway (:func:`reclock.job.status.read_status`).
-    """
-    with _status_lock:
-        try:
-            said = _said(status)
-            status.health = pipeline.health.value
-            status.finished = pipeline.finished
-            status.last_error = pipeline.last_error
-            if status.resume_upper != pipeline.resume_upper or status.resume_frontier == "{}":
-                # R(resume_upper - 1) is fixed by resume_upper: encode it only when it moved.
-                status.resume_upper = pipeline.resume_upper
-                status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
-            status.bindings = len(pipeline.remap.held_bindings)  # no re-read of the remap table here
-            if if_changed and status.updated_ms and _said(status) == said:
-                return
-            status.updated_ms = wall_clock_ms()
-            writer.write(status)
-        except (OSError, ReclockError) as exc:
-            log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
-
-
-def _said(status: Status) -> dict[str, Any]:
-    """What a snapshot tells a reader, but for when it was written."""
-    return {**asdict(status), "updated_ms": 0}
-
-
-def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
-    """``frontier.to_json()``, encoding each partition once per job (see :func:`_publish`)."""
-    if frontier.is_closed:
-        return frontier.to_json()
-    encoded = []
-    for p, o in frontier.items():
-        name = names.get(p)
-        if name is None:
-            name = names[p] = encode_partition(p)
-        encoded.append((name, o))
-    return json.dumps({"offsets": dict(sorted(encoded))}, separators=(",", ":"))
 
 
 def _progress_line(out: TextIO, pipeline: Pipeline, status: Status, elapsed: float) -> None:

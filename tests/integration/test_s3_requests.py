@@ -31,8 +31,6 @@ from reclock.sources.generator import GeneratorSource
 from tests.integration.s3 import S3Server
 from tests.integration.s3_requests import CountingProxy, Requests
 
-pytestmark = [pytest.mark.integration]
-
 WINDOW = 20  # batches counted at each age
 
 
