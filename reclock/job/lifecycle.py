@@ -19,9 +19,9 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from types import FrameType
-from typing import Any, TextIO, TypeAlias
+from typing import Any, TextIO, TypeAlias, TypeVar
 
-from reclock.errors import ConfigError
+from reclock.errors import ConfigError, TransientError, describe
 from reclock.job import status_publish, status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
@@ -41,6 +41,7 @@ from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.outputs import check_layouts, outputs_of
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
+from reclock.runtime.settings import Settings
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
 from reclock.sources.base import FileStates, Source, parse_generations
@@ -53,6 +54,7 @@ log = logging.getLogger("reclock.job")
 
 #: What ``signal.signal`` returns and takes back: a handler, ``SIG_DFL``/``SIG_IGN``, or ``None``.
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
+_T = TypeVar("_T")
 
 #: Seconds between two looks for a stop request, at least: the batch cadence
 #: (``batch_interval``) when it is slower. A look is a request to the lake.
@@ -252,27 +254,33 @@ def _run_leased(
     """The job under the pipeline's lease: it checks it before every durable write, so a job that
     lost it stops before its next commit, as failed, and writes no status over its successor's
     (:class:`~reclock.job.status.StatusWriter`, and the status tables' own fence)."""
-    writer = StatusWriter(lake, name, lease)
+    stop = threading.Event()
+    writer = _starting(stop, config.settings, "reading its status", lambda: StatusWriter(lake, name, lease))
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
     # while the data plane starts (a Spark session takes seconds). It also fences a driver that
     # lost the lease to this one: its next conditional write of the snapshot fails.
     status_publish.heartbeat(writer, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
     source = source_of(lake, name, config, created_at)
-    stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
-    lake.store.delete(stop_file)
+    _starting(stop, config.settings, "clearing a stop request", lambda: lake.store.delete(stop_file))
     handlers = _on_signals(stop)
-    pipeline = Pipeline(
-        name,
-        lake,
-        source,
-        data_plane=_data_plane(config, source),
-        settings=config.settings,
-        maintenance=config.maintenance,
-        windows=config.windows,
-        layouts=config.layouts,
-        fence=lease.check,
-        shapes=config.shapes,
+    plane = _data_plane(config, source)
+    pipeline = _starting(
+        stop,
+        config.settings,
+        "opening its tables",
+        lambda: Pipeline(
+            name,
+            lake,
+            source,
+            data_plane=plane,
+            settings=config.settings,
+            maintenance=config.maintenance,
+            windows=config.windows,
+            layouts=config.layouts,
+            fence=lease.check,
+            shapes=config.shapes,
+        ),
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
 
@@ -353,6 +361,24 @@ def _run_leased(
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
     return pipeline
+
+
+def _starting(stop: threading.Event, settings: Settings, what: str, step: Callable[[], _T]) -> _T:
+    """One step of the job's start-up that reads or writes the lake, retried while the store is
+    away, as a batch is: a storage error is transient wherever the job meets it (issue 21, item 8),
+    also while it opens its tables under a lease it has just taken (renewed meanwhile). Anything
+    else (a lost lease, a table that contradicts the definition) ends the start as before, and so
+    does a stop asked for while the store is away."""
+    stalls = 0
+    while True:
+        try:
+            return step()
+        except TransientError as exc:
+            if stop.is_set():
+                raise
+            stalls += 1
+            log.warning("stalled, will retry %s: %s", what, describe(exc))
+            stop.wait(min(settings.max_backoff, settings.retry_backoff * 2 ** (stalls - 1)))
 
 
 def _log_batch(report: BatchReport) -> None:
