@@ -1,7 +1,7 @@
 """What a pipeline costs in S3 requests, counted on the wire by a proxy in front of moto's server.
 
 Every request to a real object store takes 10-50 ms and is billed, so the count is part of the
-contract (``docs/design/20261124_s3_requests_per_batch.md``):
+contract (``docs/design/20261125_s3_requests_per_batch.md``):
 
 * a batch costs about what its commits must: per table it commits to (the remap table and each
   output), about what one ``write_deltalake`` append on a table held open costs, measured here on
@@ -31,7 +31,9 @@ from reclock.sources.generator import GeneratorSource
 from tests.integration.s3 import S3Server
 from tests.integration.s3_requests import CountingProxy, Requests
 
-WINDOW = 20  # batches counted at each age
+#: Batches counted at each age, and batches stepped between the two ages: the default lane's and
+#: ``--long``'s. Ages 10,000 and beyond are the benchmark's (``python -m benchmarks run s3_requests``).
+SHORT, LONG = (8, 16), (20, 40)
 
 
 @pytest.fixture
@@ -64,7 +66,8 @@ def _user_append(lake: Lake, proxy: CountingProxy, appends: int = 5) -> Requests
     return Requests({kind: n / appends for kind, n in counted.items()})
 
 
-def test_a_batch_costs_what_its_commits_must_and_no_more_as_the_pipeline_ages(s3_server, proxy):
+def test_a_batch_costs_what_its_commits_must_and_no_more_as_the_pipeline_ages(s3_server, proxy, long_lane):
+    window, between = LONG if long_lane else SHORT
     lake = _lake(s3_server, proxy)
     user = _user_append(lake, proxy)
     clock = [1_700_000_000_000]
@@ -83,19 +86,19 @@ def test_a_batch_costs_what_its_commits_must_and_no_more_as_the_pipeline_ages(s3
     )
     tables = 1 + len(pipeline.sinks)  # the remap table and every output commit once a batch
 
-    def window() -> Requests:
-        counted = _counted(proxy, lambda: [pipeline.step() for _ in range(WINDOW)])
-        return Requests({kind: n / WINDOW for kind, n in counted.items()})
+    def counted_window() -> Requests:
+        counted = _counted(proxy, lambda: [pipeline.step() for _ in range(window)])
+        return Requests({kind: n / window for kind, n in counted.items()})
 
-    young = window()  # ages 0 to 20
-    for _ in range(40):
+    young = counted_window()  # ages 0 to 8 (20 with --long)
+    for _ in range(between):
         pipeline.step()
-    old = window()  # ages 60 to 80: 60 log entries per table since its creation, none checkpointed
+    old = counted_window()  # ages 24 to 32 (60 to 80): that many log entries per table, none checkpointed
 
     # A user's append is one data file and one commit; a batch writes the data files its splits
     # make (one per split and output, and the remap table's), and commits once per table.
     per_commit = user.total() - user["PUT data"]
-    for age, batch in (("0-20", young), ("60-80", old)):
+    for age, batch in ((f"0-{window}", young), (f"{window + between}-{2 * window + between}", old)):
         floor = tables * per_commit + batch["PUT data"]
         assert batch.total() <= 2 * floor, f"ages {age}: {batch.total():.1f} a batch, floor {floor:.1f}: {batch}"
         reads = batch.total("GET") + batch.total("LIST") + batch.total("HEAD")
@@ -105,7 +108,7 @@ def test_a_batch_costs_what_its_commits_must_and_no_more_as_the_pipeline_ages(s3
     assert old.total("LIST") <= 1.25 * young.total("LIST"), f"LISTs grow with age: {young} then {old}"
 
 
-def test_an_idle_job_makes_only_the_requests_of_its_cadence_and_still_stops_on_request(s3_server, proxy):
+def test_an_idle_job_makes_only_the_requests_of_its_cadence_and_still_stops_on_request(s3_server, proxy, long_lane):
     lake = _lake(s3_server, proxy)
     far = 4_102_444_800_000  # 2100: the generator's data starts then, so the job stays idle
     config = parse_config(
@@ -124,7 +127,7 @@ def test_an_idle_job_makes_only_the_requests_of_its_cadence_and_still_stops_on_r
             assert time.monotonic() < deadline, "the job did not bind its first (time-only) batch"
             time.sleep(0.1)
         time.sleep(5)  # the status tables' first flush and first maintenance: start-up, not idling
-        seconds = 20
+        seconds = 20 if long_lane else 10
         idle = _counted(proxy, lambda: time.sleep(seconds))
     finally:
         request_stop(Lake.at(lake.uri, s3_server.storage_options), "idle")  # straight to the server
