@@ -24,6 +24,7 @@ SCENARIOS = [
     "small_files",
     "memory",
     "growth",
+    "s3_requests",
 ]
 
 
