@@ -27,6 +27,7 @@ SCENARIOS = [
     "windows",
     "registry_avro",
     "status_page",
+    "s3_requests",
 ]
 
 

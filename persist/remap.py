@@ -134,6 +134,18 @@ class RemapTable:
         return self._bindings
 
     @property
+    def held_bindings(self) -> Bindings:
+        """The view as last read or minted, *not* re-read after a fault: no I/O, ever.
+
+        Exact for every binding an output already holds, since a binding reaches an output only
+        from this view; what a failed write may have missed lies above every output's upper. So
+        it answers what depends on held bindings only (where the source resumes, whether the
+        pipeline finished) while the store is away, and must never stamp records (use
+        :attr:`bindings`).
+        """
+        return self._bindings
+
+    @property
     def skips(self) -> list[Skip]:
         """Every recorded skip, in binding order."""
         self._settle()

@@ -7,13 +7,17 @@ That label *is* the output's progress: the output holds exactly the rows with ``
 so its into-time upper is ``T + 1``. A batch with no rows for an output still commits the label,
 otherwise a quiet output would hold back every consistent read and every resume.
 
-delta-rs records the label but does not skip a replay itself, so the sink reads
-``transaction_version`` and commits on the *same* snapshot (kept open for the sink's life and
-advanced incrementally before each commit, so a commit does not reload the table from scratch):
-a replay of a committed batch is skipped before it writes anything, and a racing writer that
-slips in between makes our commit fail with a conflict (same app id), after which we re-check and
-adopt. Never set ``delta.setTransactionRetentionDuration`` on these tables: expired labels would
-let a late replay through.
+delta-rs records the label but does not skip a replay itself, so the sink reads the label and
+commits on the *same* snapshot (kept open for the sink's life and advanced incrementally before
+each commit, so a commit does not reload the table from scratch): a replay of a committed batch is
+skipped before it writes anything, and a racing writer that slips in between makes our commit fail
+with a conflict (same app id), after which we re-check and adopt. Never set
+``delta.setTransactionRetentionDuration`` on these tables: expired labels would let a late replay
+through.
+
+The label is read from the log only when the log holds a version the sink did not write itself
+(:class:`_Label`): delta-rs's ``transaction_version`` replays every version since the last
+checkpoint, which on an object store is a request per version, per output, per batch.
 """
 
 from __future__ import annotations
@@ -187,6 +191,7 @@ class OutputSink:
         self.store = store
         self.layout = layout or OutputLayout()
         self._declared = frozenset(schema.names)
+        self._label = _Label(app_id)
         self.staging = (
             None if envelope == "append" else _root(staging or self.path.parent / f".staging-{self.path.name}")
         )
@@ -246,10 +251,11 @@ class OutputSink:
         return self.schema.append(pa.field(DELETED, pa.bool_(), nullable=False))
 
     def refresh(self) -> IntoTime:
-        """Re-read the label from the table: after a conflict, a fault, or another driver."""
+        """Catch up with the table's newest version and read the label there: after a conflict, a
+        fault, or another driver; the label is read from the log if another writer moved it."""
         with lake_io(f"reading output table {self.path.name}"):
             self._table.update_incremental()
-        self._upper = _label_upper(self._table, self.app_id)
+            self._upper = self._label.upper(self._table)
         return self._upper
 
     def commit(
@@ -272,8 +278,9 @@ class OutputSink:
         planned = self._upper if planned_upper is None else planned_upper
         with lake_io(f"reading output table {self.path.name}"):
             self._table.update_incremental()
+            current = self._label.upper(self._table)
         table = self._table
-        current = _label_upper(table, self.app_id)
+        held = table.version()
         if current > binding_ts:
             self._upper = current
             self._discard(files)
@@ -300,6 +307,7 @@ class OutputSink:
             raise FencedError(f"output table {self.path}: concurrent commit: {exc}") from exc
         if self.staging is not None:
             self._discard(files)
+        self._label.wrote(held, binding_ts)
         self._upper = binding_ts + 1
         return True
 
@@ -315,9 +323,9 @@ class OutputSink:
             self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
             self._discard(files)
         elif self.staging is not None and files:
+            held = table.version()
             self._merge(table, self.staging, files, properties)
-            table.update_incremental()
-            if _label_upper(table, self.app_id) <= binding_ts:
+            if table.version() == held:
                 # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
         else:
@@ -356,8 +364,32 @@ class OutputSink:
             discard_data_file(self.write_root, f, self.store)
 
 
-def _label_upper(table: DeltaTable, app_id: str) -> IntoTime:
-    return label_upper(table.transaction_version(app_id))
+class _Label:
+    """An output's label as of its sink's snapshot, read from the log only when it must be.
+
+    The sink holds its table open and is the only writer of its label while the pipeline is
+    healthy, so after each of its commits it knows the label the table then has. That knowledge is
+    a claim about exactly one version: "if the newest version is ``held + 1``, its label is
+    ``binding_ts``". It holds because the commit landed at a version after ``held`` (the snapshot
+    it was made on): if the newest version is ``held + 1``, that version is the commit. Any other
+    newest version (another driver's commit, maintenance, a commit whose outcome a fault hid) means
+    the claim says nothing, and the label is read from the log of the snapshot just updated.
+    """
+
+    def __init__(self, app_id: str) -> None:
+        self.app_id = app_id
+        self._known: tuple[int, IntoTime] | None = None  # (version, label upper at that version)
+
+    def upper(self, table: DeltaTable) -> IntoTime:
+        """The label upper of ``table``'s current snapshot (call right after updating it)."""
+        version = table.version()
+        if self._known is None or self._known[0] != version:
+            self._known = (version, label_upper(table.transaction_version(self.app_id)))
+        return self._known[1]
+
+    def wrote(self, held: int, binding_ts: IntoTime) -> None:
+        """Our one commit labelled ``binding_ts``, made on the snapshot at version ``held``, landed."""
+        self._known = (held + 1, binding_ts + 1)
 
 
 def _stats_json(table: pa.Table) -> str:

@@ -8,24 +8,31 @@ batch (``reclock errors`` shows both).
 
 These tables are observability, not part of exactly-once, so rows are buffered and flushed by a
 background thread about once a second: one small commit per table per flush whatever the batch
-rate, and never on the batch's critical path. Every few hundred flushes rows older than the
-retention are deleted and the tables are maintained like outputs (small files compacted, files
-unreferenced for an hour vacuumed, the log expiring after an hour), so a job that runs for months
-keeps them small in rows, files and log alike.
+rate, and never on the batch's critical path. Each table is held open and written on its
+snapshot, which the write advances, so a flush reads none of the log back; another job of the
+lake appending to the same table only makes delta-rs rebase the append (appends never conflict).
+Every few hundred flushes rows older than the retention are deleted and the tables are
+maintained like outputs (small files compacted, files unreferenced for an hour vacuumed, the log
+expiring after an hour), so a job that runs for months keeps them small in rows, files and log alike.
+
+A job's rows are fenced like its data: each flush first calls the job's ``fence`` (its lease
+check), so a driver that lost the pipeline to another writes no row after the takeover; what it
+had buffered is dropped (the lake's truth, not these rows, is what the new driver restores from).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from reclock.persist import maintenance
 from reclock.persist.lake import Lake
+from reclock.persist.lease import LeaseLost
 from reclock.persist.read import read_table
 from reclock.timeline.frontier import wall_clock_ms
 
@@ -112,14 +119,28 @@ _STATUS_FILE_BYTES = 32 << 20
 
 
 class StatusTables:
-    """Buffered appender for the status tables of one lake; ``close`` flushes what is left."""
+    """Buffered appender for the status tables of one lake; ``close`` flushes what is left.
 
-    def __init__(self, lake: Lake, *, retention_days: float = 7.0, flush_interval: float = 1.0) -> None:
+    ``fence`` is called before every write and raises once this writer may not write any more
+    (:class:`~reclock.persist.lease.LeaseLost`: from then on nothing is written or kept).
+    """
+
+    def __init__(
+        self,
+        lake: Lake,
+        *,
+        retention_days: float = 7.0,
+        flush_interval: float = 1.0,
+        fence: Callable[[], None] = lambda: None,
+    ) -> None:
         self.lake = lake
+        self._fence = fence
+        self._fenced = False
         self.retention_ms = int(retention_days * 86_400_000)
         self._buffer: dict[str, list[dict[str, Any]]] = {name: [] for name in STATUS_SCHEMAS}
         self._lock = threading.Lock()
         self._flushes = 0
+        self._tables: dict[str, DeltaTable] = {}  # held open once written: see the module doc
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, args=(flush_interval,), daemon=True, name="status")
         self._thread.start()
@@ -127,28 +148,41 @@ class StatusTables:
     def append(self, table: str, rows: list[dict[str, Any]]) -> None:
         now = wall_clock_ms()
         with self._lock:
-            self._buffer[table].extend({"time_ms": now, **row} for row in rows)
+            if not self._fenced:
+                self._buffer[table].extend({"time_ms": now, **row} for row in rows)
 
     def flush(self) -> None:
         with self._lock:
             pending = {name: rows for name, rows in self._buffer.items() if rows}
             self._buffer = {name: [] for name in STATUS_SCHEMAS}
         for name, rows in pending.items():
-            path = self.lake.status_table_path(name)
             data = pa.Table.from_pylist(rows, schema=STATUS_SCHEMAS[name])
             try:
-                write_deltalake(
-                    str(path),
-                    data,
-                    mode="append",
-                    schema_mode="merge",  # a lake written before a column was added gains it
-                    storage_options=self.lake.store.delta_options,
-                )
+                self._check()
+                self._write(name, data)
+            except LeaseLost:
+                return
             except Exception as exc:  # observability must never take the pipeline down
+                self._tables.pop(name, None)  # opened afresh next time, whatever state the failure left
                 log.warning("could not write status table %s: %s", name, exc)
         self._flushes += 1
         if self._flushes % 500 == 1:
             self._maintain()
+
+    def _write(self, name: str, data: pa.Table) -> None:
+        """Append ``data`` to table ``name``, on its held snapshot once there is one."""
+        table = self._tables.get(name)
+        if table is None:
+            path = self.lake.status_table_path(name)
+            if not self.lake.store.is_table(path):
+                write_deltalake(
+                    str(path), data, mode="append", schema_mode="merge", storage_options=self.lake.store.delta_options
+                )
+                self._tables[name] = self.lake.store.open_table(path)
+                return
+            table = self._tables[name] = self.lake.store.open_table(path)
+        # schema_mode "merge": a lake written before a column was added gains it
+        write_deltalake(table, data, mode="append", schema_mode="merge")
 
     def close(self) -> None:
         self._stop.set()
@@ -159,20 +193,40 @@ class StatusTables:
         while not self._stop.wait(interval):
             self.flush()
 
+    def _check(self) -> None:
+        """The fence; once it raises :class:`LeaseLost`, every buffered and later row is dropped."""
+        if not self._fenced:
+            try:
+                self._fence()
+                return
+            except LeaseLost:
+                with self._lock:
+                    self._fenced = True
+                    self._buffer = {name: [] for name in STATUS_SCHEMAS}
+        raise LeaseLost("the status tables are another driver's to write now")
+
     def _maintain(self) -> None:
         """Expire old rows, then compact and vacuum; other jobs of the lake may do it at once."""
         cutoff = wall_clock_ms() - self.retention_ms
         for name in STATUS_SCHEMAS:
             path = self.lake.status_table_path(name)
-            if self.lake.store.is_table(path):
-                try:
-                    table = self.lake.store.open_table(path)
-                    table.delete(f"time_ms < {cutoff}")
-                    maintenance.set_retention(table, _STATUS_HISTORY_MINUTES)
-                    maintenance.optimize(table, _STATUS_FILE_BYTES)
-                    maintenance.vacuum(table, _STATUS_HISTORY_MINUTES)
-                except Exception as exc:
-                    log.info("status retention on %s deferred: %s", name, exc)
+            try:  # all of it: an exception here would end the flushing thread for good
+                self._check()
+                table = self._tables.get(name)
+                if table is None:
+                    if not self.lake.store.is_table(path):
+                        continue
+                    table = self._tables[name] = self.lake.store.open_table(path)
+                table.update_incremental()
+                table.delete(f"time_ms < {cutoff}")
+                maintenance.set_retention(table, _STATUS_HISTORY_MINUTES)
+                maintenance.optimize(table, _STATUS_FILE_BYTES)
+                maintenance.vacuum(table, _STATUS_HISTORY_MINUTES)
+            except LeaseLost:
+                return
+            except Exception as exc:
+                self._tables.pop(name, None)
+                log.info("status retention on %s deferred: %s", name, exc)
 
 
 def read_status_table(lake: Lake, table: str, pipeline: str | None = None) -> pa.Table:

@@ -159,9 +159,15 @@ class Store:
     # -- plain files ---------------------------------------------------------------------------
 
     def exists(self, path: LakePath) -> bool:
+        """Whether a file is at ``path``: on an object store one HEAD of the object, never a
+        listing (pyarrow's ``get_file_info`` lists the prefix too when the object is absent)."""
         if isinstance(path, Path):
             return path.exists()
-        return self._info(path).type == pafs.FileType.File
+        try:
+            self.filesystem().open_input_file(path.location).close()
+        except FileNotFoundError:
+            return False
+        return True
 
     def read_text(self, path: LakePath) -> str:
         """The file's text; :class:`FileNotFoundError` if there is none."""

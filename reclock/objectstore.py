@@ -101,6 +101,9 @@ def _s3(options: Mapping[str, str]) -> pafs.FileSystem:
         "session_token": options.get("session_token"),
         "region": options.get("region"),
         "force_virtual_addressing": options.get("virtual_hosted_style_request", "false").lower() in _TRUE,
+        # An output stream starts no multipart upload until it holds a part's worth of bytes, so a
+        # small object (a status snapshot, a batch's parquet file) is one PUT, not three requests.
+        "allow_delayed_open": True,
     }
     if endpoint:
         kwargs["endpoint_override"] = endpoint

@@ -20,14 +20,15 @@ from dataclasses import asdict, replace
 from types import FrameType
 from typing import Any, TextIO, TypeAlias
 
-from reclock.errors import ConfigError, EngineUnavailable, ReclockError, StorageError, describe
-from reclock.job import status_rows
+from reclock.errors import ConfigError, EngineUnavailable, ReclockError, describe
+from reclock.job import status_publish, status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
 from reclock.job.control import exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.job.progress import PlainLines, ProgressView, Tracker
-from reclock.job.status import Status, write_status
+from reclock.job.startup import data_plane, starting
+from reclock.job.status import Status, StatusWriter
 from reclock.job.status_restore import restore_history
 from reclock.job.watch import watch
 from reclock.persist.asof import output_upper
@@ -41,11 +42,10 @@ from reclock.runtime.health import Health
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.outputs import check_layouts, outputs_of
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
-from reclock.runtime.planes import DataPlane, LocalDataPlane, StartingSparkDataPlane
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
 from reclock.sources.base import FileStates, Source, parse_generations
-from reclock.timeline.frontier import Frontier, IntoTime, Partition, encode_partition, wall_clock_ms
+from reclock.timeline.frontier import IntoTime, Partition, wall_clock_ms
 from reclock.timeline.resume import resume_upper
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "maintain_pipeline", "request_stop", "run"]
@@ -54,6 +54,10 @@ log = logging.getLogger("reclock.job")
 
 #: What ``signal.signal`` returns and takes back: a handler, ``SIG_DFL``/``SIG_IGN``, or ``None``.
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
+
+#: Seconds between two looks for a stop request, at least: the batch cadence
+#: (``batch_interval``) when it is slower. A look is a request to the lake.
+_STOP_POLL_S = 1.0
 
 
 def create(
@@ -296,20 +300,24 @@ def _run_leased(
     until: IntoTime | None = None,
 ) -> Pipeline:
     """The job under the pipeline's lease: it checks it before every durable write, so a job that
-    lost it stops before its next commit, as failed, and writes no status over its successor's."""
+    lost it stops before its next commit, as failed, and writes no status over its successor's
+    (:class:`~reclock.job.status.StatusWriter`, and the status tables' own fence)."""
+    stop = threading.Event()
+    writer = starting(stop, config.settings, "reading its status", lambda: StatusWriter(lake, name, lease))
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
-    # while the data plane starts (a Spark session takes seconds).
-    _heartbeat(lake, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
+    # while the data plane starts (a Spark session takes seconds). It also fences a driver that
+    # lost the lease to this one: its next conditional write of the snapshot fails.
+    status_publish.heartbeat(writer, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
     source = source_of(lake, name, config, created_at)
     try:
-        data_plane = _data_plane(config, source)
+        plane = data_plane(config, source)
     except EngineUnavailable as exc:  # said by the command, once; the status keeps it for `reclock status`
         source.close()
-        _heartbeat(lake, Status(pipeline=name, health=Health.FAILED.value, last_error=describe(exc), pid=os.getpid()))
+        failed = Status(pipeline=name, health=Health.FAILED.value, last_error=describe(exc), pid=os.getpid())
+        status_publish.say(writer, failed)
         raise
-    stop = threading.Event()
     stop_file = lake.control_dir(name) / "stop"
-    lake.store.delete(stop_file)
+    starting(stop, config.settings, "clearing a stop request", lambda: lake.store.delete(stop_file))
     handlers = _on_signals(stop)
     trackers: list[Tracker] = []  # the progress tracker, once there is a pipeline to track
 
@@ -318,18 +326,23 @@ def _run_leased(
             for tracker in trackers:
                 tracker.probed()
 
-    pipeline = Pipeline(
-        name,
-        lake,
-        source,
-        data_plane=data_plane,
-        settings=config.settings,
-        maintenance=config.maintenance,
-        windows=config.windows,
-        layouts=config.layouts,
-        fence=lease.check,
-        shapes=config.shapes,
-        on_step=on_step,
+    pipeline = starting(
+        stop,
+        config.settings,
+        "opening its tables",
+        lambda: Pipeline(
+            name,
+            lake,
+            source,
+            data_plane=plane,
+            settings=config.settings,
+            maintenance=config.maintenance,
+            windows=config.windows,
+            layouts=config.layouts,
+            fence=lease.check,
+            shapes=config.shapes,
+            on_step=on_step,
+        ),
     )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     tracker = None
@@ -339,7 +352,7 @@ def _run_leased(
 
     def beat() -> None:
         if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
-            _heartbeat(lake, status)
+            status_publish.heartbeat(writer, status)
 
     def slow(waited: float) -> None:  # the loop waits in the probe: the snapshot is the watcher's to say
         error = (
@@ -348,15 +361,14 @@ def _run_leased(
         )
         log.warning("pipeline %s: stalled: %s", name, error)
         if not lease.lost:
-            with _status_lock:
-                status.health, status.last_error = Health.STALLED.value, error
-            _heartbeat(lake, status)
+            status_publish.say(writer, status, health=Health.STALLED.value, last_error=error)
 
     asked = functools.partial(lake.store.exists, stop_file)
+    poll_s = max(config.settings.batch_interval, _STOP_POLL_S)  # each look is a request to the lake
     probing = pipeline.minter.probing_for
-    watcher = threading.Thread(target=watch, args=(asked, stop, max_seconds, beat, probing, slow), daemon=True)
+    watcher = threading.Thread(target=watch, args=(asked, stop, max_seconds, beat, probing, slow, poll_s), daemon=True)
     watcher.start()
-    tables = StatusTables(lake, retention_days=config.status_retention_days)
+    tables = StatusTables(lake, retention_days=config.status_retention_days, fence=lease.check)
     config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
     status_rows.record_state(tables, pipeline, config_json)
     restore_history(lake, tables, pipeline)
@@ -375,15 +387,18 @@ def _run_leased(
                 f"cannot serve /metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
                 "choose another metrics_port (0 picks a free one) or metrics_host (reclock start --metrics-host)",
             )
-            _heartbeat(lake, replace(status, health=Health.FAILED.value, last_error=str(refusal)))
+            stop.set()  # the watcher too
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+            status_publish.say(writer, replace(status, health=Health.FAILED.value, last_error=str(refusal)))
             raise refusal from None
     log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
 
     names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier
 
-    def publish(p: Pipeline) -> None:
+    def publish(p: Pipeline, *, if_changed: bool = False) -> None:
         if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
-            _publish(lake, p, status, names)
+            status_publish.publish(writer, p, status, names, if_changed=if_changed)
 
     def on_batch(report: BatchReport) -> None:
         if report.state is BatchState.SUCCEEDED:
@@ -396,7 +411,7 @@ def _run_leased(
         if metrics is not None:
             metrics.observe(report)
         _log_batch(report)
-        publish(pipeline)
+        publish(pipeline, if_changed=report.idle)  # an idle step changes nothing the heartbeat does not
         if tracker is not None:
             tracker.batch(report)
         if until is not None and pipeline.resume_upper > until:
@@ -408,7 +423,7 @@ def _run_leased(
         pipeline.run(
             stop,
             on_batch=on_batch,
-            on_health=publish,
+            on_health=lambda p: publish(p, if_changed=True),  # heard after every batch too: once is enough
             on_start=lambda report: tables.append("batches", [status_rows.in_progress(pipeline, report)]),
         )
     except Exception:
@@ -444,29 +459,6 @@ def _log_batch(report: BatchReport) -> None:
             log.info("committed in %d ms, rows: %s", report.duration_ms, rows or "none")
 
 
-def _data_plane(config: PipelineConfig, source: Source) -> DataPlane:
-    """The configured plane; on a cluster, executors get reclock and the source's package shipped."""
-    if config.engine == "local":
-        return LocalDataPlane()
-    from reclock.job.spark import shipped_packages, spark_session
-
-    ship = shipped_packages(source)
-
-    def start() -> Any:
-        return spark_session(config.spark_master, config.spark_conf, ship=ship, ui=config.spark_ui)
-
-    plane = StartingSparkDataPlane(
-        start,
-        small_batch_offsets=config.small_batch_offsets,
-        timeout_s=config.spark_start_timeout_s,
-        master=config.spark_master,
-        warn=config.spark_background_start,
-    )
-    if not config.spark_background_start:
-        plane.wait()
-    return plane
-
-
 def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
     if threading.current_thread() is not threading.main_thread():
         return {}
@@ -474,57 +466,3 @@ def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
     for sig in (signal.SIGINT, signal.SIGTERM):
         previous[sig] = signal.signal(sig, lambda *_: stop.set())
     return previous
-
-
-_status_lock = threading.Lock()
-
-
-def _heartbeat(lake: Lake, status: Status) -> None:
-    """Re-stamp the last snapshot as of now: the job is alive and can still write the lake."""
-    with _status_lock:
-        try:
-            status.updated_ms = wall_clock_ms()
-            write_status(lake, status)
-        except OSError as exc:
-            log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
-
-
-def _publish(lake: Lake, pipeline: Pipeline, status: Status, names: dict[Partition, str]) -> None:
-    """Write the status snapshot; a lake that refuses it must not end the job (see StorageError).
-
-    ``names`` keeps each partition's encoded name for the job: a files frontier names every file
-    ever loaded, and encoding them all again at every batch cost more than the batch's reads.
-
-    The snapshot is observability: the next publish after the storage recovers repairs it, and
-    readers never trust a stale ``running`` anyway (:func:`reclock.job.status.read_status`).
-    """
-    with _status_lock:
-        try:
-            status.health = pipeline.health.value
-            status.finished = pipeline.finished
-            status.last_error = pipeline.last_error
-            if status.resume_upper != pipeline.resume_upper or status.resume_frontier == "{}":
-                # R(resume_upper - 1) is fixed by resume_upper: encode it only when it moved (an
-                # idle job publishes at every probe).
-                status.resume_upper = pipeline.resume_upper
-                status.resume_frontier = _frontier_json(pipeline.resume_frontier(), names)
-            status.bindings = len(pipeline.remap.bindings)
-            warnings = getattr(pipeline.source, "warnings", None)  # optional for sources of plugins
-            status.warnings = list(warnings()) if warnings is not None else []
-            status.updated_ms = wall_clock_ms()
-            write_status(lake, status)
-        except (OSError, StorageError) as exc:
-            log.warning("pipeline %s: could not publish its status: %s", pipeline.name, exc)
-
-
-def _frontier_json(frontier: Frontier, names: dict[Partition, str]) -> str:
-    """``frontier.to_json()``, encoding each partition once per job (see :func:`_publish`)."""
-    if frontier.is_closed:
-        return frontier.to_json()
-    encoded = []
-    for p, o in frontier.items():
-        name = names.get(p)
-        if name is None:
-            name = names[p] = encode_partition(p)
-        encoded.append((name, o))
-    return json.dumps({"offsets": dict(sorted(encoded))}, separators=(",", ":"))

@@ -1,7 +1,8 @@
 """The status snapshot a running job publishes after every batch, for ``reclock status``.
 
 Written atomically (a temporary file renamed over it, or one PUT in an object store) so a reader
-never sees half a snapshot.
+never sees half a snapshot, and only by the driver holding the pipeline's lease
+(:class:`StatusWriter`): a driver that lost it writes nothing, not even its status.
 A snapshot is a claim made in the past: a job killed by SIGKILL, the OOM killer or a power cut
 leaves one that still says ``running``. So :func:`read_status` believes a live health only while
 the job holding the pipeline's lease (:mod:`reclock.persist.lease`) runs: on the job's machine, while
@@ -20,11 +21,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from reclock.errors import ReclockError
+from reclock.persist import conditional
 from reclock.persist.lake import Lake
-from reclock.persist.lease import read_lease
+from reclock.persist.lease import Lease, read_lease
 from reclock.timeline.frontier import wall_clock_ms
 
-__all__ = ["DEAD", "Status", "job_alive", "read_status", "write_status"]
+__all__ = ["DEAD", "Status", "StatusWriter", "job_alive", "read_status"]
 
 #: The health ``read_status`` reports for a job that died without publishing a final status.
 DEAD = "dead"
@@ -56,8 +58,38 @@ class Status:
     updated_ms: int = 0
 
 
-def write_status(lake: Lake, status: Status) -> None:
-    lake.store.write_text(lake.status_path(status.pipeline), json.dumps(asdict(status), indent=1))
+class StatusWriter:
+    """Writes one job's snapshot, fenced like its data: never once another driver holds the lease.
+
+    Two fences, because a check alone leaves a window. Before each write the lease is checked
+    (:meth:`Lease.check`: a driver that slept through its expiry renews first, and finds it
+    lost). And the write is a conditional PUT on the version this job wrote last
+    (:mod:`reclock.persist.conditional`), so a driver paused *between* its check and its write
+    cannot overwrite the snapshot of the driver that took over, which writes its own as soon
+    as it holds the lease. A compare that fails is a takeover unless a renewal of the lease
+    says otherwise (then someone else wrote the snapshot: it is written over).
+
+    Raises :class:`~reclock.persist.lease.LeaseLost` once the lease is lost, and the lake's own
+    errors (:class:`~reclock.errors.StorageError`) when it cannot be written.
+    """
+
+    def __init__(self, lake: Lake, pipeline: str, lease: Lease) -> None:
+        self.lake = lake
+        self.path = lake.status_path(pipeline)
+        self.lease = lease
+        found = conditional.read(lake.store, self.path)
+        self._tag = None if found is None else found[1]
+
+    def write(self, status: Status) -> None:
+        text = json.dumps(asdict(status), indent=1)
+        self.lease.check()
+        try:
+            self._tag = conditional.put(self.lake.store, self.path, text, self._tag, durable=False)
+        except conditional.Conflict:
+            self.lease.renew()  # LeaseLost if another driver holds it: then nothing is written
+            found = conditional.read(self.lake.store, self.path)
+            tag = None if found is None else found[1]
+            self._tag = conditional.put(self.lake.store, self.path, text, tag, durable=False)
 
 
 def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict[str, Any] | None:

@@ -137,13 +137,18 @@ class Pipeline:
         return resume_upper(sink.upper for sink in self.sinks.values())
 
     def resume_frontier(self) -> Frontier:
-        """``R(resume_upper - 1)``: where the source resumes, and what it may commit upstream."""
-        return resume_frontier(self.remap.bindings, self.resume_upper)
+        """``R(resume_upper - 1)``: where the source resumes, and what it may commit upstream.
+
+        Like :attr:`finished`, it depends on bindings the outputs hold only, so it reads the
+        remap view without re-reading it: no lake I/O, so observers and the loop's own test ask
+        it while the store is away without meeting a storage error outside the loop's handling.
+        """
+        return resume_frontier(self.remap.held_bindings, self.resume_upper)
 
     @property
     def finished(self) -> bool:
-        """The source is closed and every output holds its closing binding."""
-        return is_finished(self.remap.bindings, self.resume_upper)
+        """The source is closed and every output holds its closing binding (no lake I/O)."""
+        return is_finished(self.remap.held_bindings, self.resume_upper)
 
     # -- the batch loop ------------------------------------------------------------------------
 
@@ -176,10 +181,10 @@ class Pipeline:
         return self._step(None)
 
     def _step(self, stop: threading.Event | None) -> BatchReport:
+        self._fence()
         # What an earlier step could not close is closed first; a failure here fails the step.
         self.close_windows()
         minted: dict[str, int] = {}
-        self._fence()
         if not self.pending:
             minted = self.minter.probe_and_mint(stop)
             self._on_step("minted")
@@ -280,10 +285,13 @@ class Pipeline:
         attempts = stalls = 0
 
         def observe(report: BatchReport | None) -> None:
-            if report is not None and on_batch is not None:
-                on_batch(report)
-            if on_health is not None:
-                on_health(self)
+            try:
+                if report is not None and on_batch is not None:
+                    on_batch(report)
+                if on_health is not None:
+                    on_health(self)
+            except TransientError as exc:  # an observer that cannot reach the lake ends no loop
+                log.warning("pipeline %s: could not report its state: %s", self.name, describe(exc))
 
         while not stop.is_set() and not (self.finished and self.windows_current):
             try:
@@ -335,7 +343,10 @@ class Pipeline:
                 stalls += 1
                 if isinstance(exc, FencedError):
                     log.warning("pipeline %s: %s; re-reading the remap table and outputs", self.name, exc)
-                    self._resync()
+                    try:
+                        self._resync()
+                    except TransientError as fault:  # the next commit meets the moved outputs again: re-read then
+                        exc = fault
                 elif not isinstance(exc, TransientError) and stalls > self.settings.max_retries:
                     self._fail(exc)
                     observe(None)
@@ -389,7 +400,9 @@ class Pipeline:
         )
         report.phases["plan"], clock = ms_since(clock)
         self._on_start(report)
-        # Step 4: write.
+        # Step 4: write (the probe may have been long: a driver that lost its lease meanwhile
+        # writes no data file either).
+        self._fence()
         results = in_split_order(self.data_plane.run(plan, splits), splits)
         report.state, report.results = BatchState.SUCCEEDED, results
         report.phases["read"], clock = ms_since(clock)

@@ -7,6 +7,7 @@ what a real pause does.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -19,7 +20,7 @@ import pytest
 
 from reclock.errors import ConfigError
 from reclock.job.config import parse_config
-from reclock.job.status import Status, job_alive, read_status, write_status
+from reclock.job.status import Status, job_alive, read_status
 from reclock.persist import conditional
 from reclock.persist.lake import Lake
 from reclock.persist.lease import DEFAULT_TTL_S, Holder, Lease, LeaseHeld, LeaseLost, LeaseRecord, read_lease
@@ -157,7 +158,8 @@ def test_status_believes_a_running_snapshot_only_while_the_lease_holder_runs(tmp
     renew (a read-only lake) is not dead, and a killed one is dead before its lease expires."""
     lake = Lake.at(tmp_path)
     path = lake.lease_path("p")
-    write_status(lake, Status(pipeline="p", health="running", pid=4242, updated_ms=wall_clock_ms()))
+    snapshot = Status(pipeline="p", health="running", pid=4242, updated_ms=wall_clock_ms())
+    lake.store.write_text(lake.status_path("p"), json.dumps(dataclasses.asdict(snapshot)))  # as a job left it
     assert read_status(lake, "p")["health"] == "dead"  # no lease at all
     elsewhere = LeaseRecord("p", Holder("another-host", 4242, "token"), wall_clock_ms() + 1500, 1500)
     tag = conditional.put(lake.store, path, elsewhere.to_json(), None)
@@ -189,31 +191,39 @@ def test_the_ttl_is_configured_in_a_lease_section_validated_in_one_line(tmp_path
         assert str(bad.value) == f"p.toml: {expected}"
 
 
-def test_the_lease_requests_to_an_object_store_are_signed_as_botocore_signs_them():
-    """The conditional PUTs are signed here (pyarrow cannot send If-Match): the signature must be
-    the one AWS's own SDK computes for the same request, or a real S3 would refuse every lease."""
-    import datetime
+def test_the_lease_requests_to_an_object_store_carry_the_conditions_and_a_valid_signature():
+    """The conditional PUTs go to the store as AWS's own SDK sends them: ``If-None-Match`` /
+    ``If-Match`` as asked, signed with the lake's key (and session token) for its region, a
+    signature the store can verify, or a real S3 would refuse every lease. Read off the wire."""
+    from tests.store_recorder import StoreRecorder
 
-    from botocore.auth import S3SigV4Auth
-    from botocore.awsrequest import AWSRequest
-    from botocore.credentials import Credentials
+    with StoreRecorder() as store:
+        for token in (None, "a-session-token"):
+            options = {
+                "endpoint": store.endpoint,
+                "region": "eu-west-1",
+                "access_key_id": "AKIDEXAMPLE",
+                "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+                **({"session_token": token} if token else {}),
+            }
+            lake = Lake.at("s3://bucket/lake", options)
+            path = lake.root / "p q" / "lease.json"
+            store.answer(200, etag='"first"')
+            assert conditional.put(lake.store, path, '{"lease": 1}', None) == '"first"'
+            store.answer(200, etag='"second"')
+            assert conditional.put(lake.store, path, '{"lease": 2}', '"first"') == '"second"'
+            store.answer(412)
+            with pytest.raises(conditional.Conflict):
+                conditional.put(lake.store, path, '{"lease": 3}', '"first"')
+            store.answer(404)
+            assert conditional.read(lake.store, path) is None
 
-    options = {"access_key_id": "AKIDEXAMPLE", "secret_access_key": "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"}
-    now = datetime.datetime(2026, 11, 23, 7, 30, 5, tzinfo=datetime.UTC)
-    body = b'{"lease": 1}'
-    for token in (None, "a-session-token"):
-        opts = options | ({"session_token": token} if token else {})
-        uri = "/bucket/lake/p%20q/lease.json"
-        mine = conditional._signed(opts, "PUT", "127.0.0.1:9000", uri, body, "eu-west-1", now)
-        request = AWSRequest(
-            "PUT",
-            f"http://127.0.0.1:9000{uri}",
-            data=body,
-            headers={k: v for k, v in mine.items() if k != "Authorization"},
-        )
-        request.context["timestamp"] = mine["x-amz-date"]
-        credentials = Credentials(options["access_key_id"], options["secret_access_key"], token)
-        auth = S3SigV4Auth(credentials, "s3", "eu-west-1")
-        expected = auth.signature(auth.string_to_sign(request, auth.canonical_request(request)), request)
-        assert mine["Authorization"].endswith(f"Signature={expected}")
-        assert "x-amz-security-token" in mine["Authorization"] or token is None
+            absent, present, stale, read = store.requests[-4:]
+            assert (absent.method, absent.path) == ("PUT", "/bucket/lake/p%20q/lease.json")
+            assert absent.headers["If-None-Match"] == "*" and "If-Match" not in absent.headers
+            assert present.headers["If-Match"] == '"first"' and stale.headers["If-Match"] == '"first"'
+            assert (absent.body, present.body, read.method) == (b'{"lease": 1}', b'{"lease": 2}', "GET")
+            for request in (absent, present, stale, read):
+                assert request.signed_by(options["access_key_id"], options["secret_access_key"], token, "eu-west-1")
+            assert ("X-Amz-Security-Token" in absent.headers) == (token is not None)
+            assert not absent.signed_by(options["access_key_id"], "another-secret", token, "eu-west-1")

@@ -3,6 +3,7 @@ can help (paused between the check and the commit) the output labels refuse what
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 
@@ -10,12 +11,15 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from reclock.job.status import Status, StatusWriter
 from reclock.persist.lake import Lake
 from reclock.persist.lease import Lease, LeaseLost
 from reclock.persist.read import read_table
+from reclock.persist.status_tables import StatusTables, read_status_table
 from reclock.runtime.health import Health
 from reclock.runtime.pipeline import Pipeline
 from reclock.testing import FakeClock, MemorySource
+from reclock.timeline.frontier import wall_clock_ms
 
 SCHEMAS = {"clicks": pa.schema([("user", pa.int64())]), "views": pa.schema([("page", pa.string())])}
 
@@ -114,3 +118,54 @@ def test_a_driver_that_lost_its_lease_does_not_maintain_the_tables(tmp_path):
         pipeline.run()
     assert pipeline.health is Health.FAILED
     assert versions(lake) == lost[0], "maintenance committed after the lease was lost"
+
+
+def test_a_driver_paused_between_its_lease_check_and_its_status_write_does_not_overwrite_the_new_snapshot(tmp_path):
+    """The status snapshot is fenced like data: the old driver's check still passes (it renewed a
+    moment ago by its own clock), but the new driver took over and wrote its snapshot, so the
+    old one's conditional write fails, its lease proves lost, and the snapshot stays the new one's."""
+    lake = Lake.at(tmp_path)
+    old = Lease.acquire(lake, "pipe", 5)
+    stale = StatusWriter(lake, "pipe", old)
+    stale.write(Status(pipeline="pipe", health="running", pid=1))
+    new = Lease.acquire(lake, "pipe", 5, now=lambda: wall_clock_ms() + 5_100)  # its clock: the lease expired
+    StatusWriter(lake, "pipe", new).write(Status(pipeline="pipe", health="starting", pid=2))
+    old.check()  # the window no check closes: it passes
+    with pytest.raises(LeaseLost):
+        stale.write(Status(pipeline="pipe", health="running", pid=1, batches=7))
+    assert json.loads(lake.status_path("pipe").read_text())["pid"] == 2
+    with pytest.raises(LeaseLost):
+        stale.write(Status(pipeline="pipe", health="failed", pid=1))
+    assert json.loads(lake.status_path("pipe").read_text())["pid"] == 2
+
+
+def test_a_status_snapshot_written_by_someone_else_is_written_over_while_the_lease_is_ours(tmp_path):
+    lake = Lake.at(tmp_path)
+    lease = Lease.acquire(lake, "pipe", 30)
+    writer = StatusWriter(lake, "pipe", lease)
+    writer.write(Status(pipeline="pipe", health="running", pid=1))
+    lake.status_path("pipe").write_text("{}")  # by hand, or our own write whose answer was lost
+    writer.write(Status(pipeline="pipe", health="running", pid=1, batches=2))
+    assert json.loads(lake.status_path("pipe").read_text())["batches"] == 2
+    lease.release()
+
+
+def test_a_driver_that_lost_its_lease_flushes_none_of_its_buffered_status_rows(tmp_path):
+    """Rows buffered before the takeover (an ``In Progress`` batch) are the old driver's last words:
+    flushed after the takeover they would stand in the new driver's history for ever."""
+    lake = Lake.at(tmp_path)
+    old = Lease.acquire(lake, "pipe", 5)
+    tables = StatusTables(lake, flush_interval=3600, fence=old.check)
+    tables.append("batches", [{"pipeline": "pipe", "batch_id": 1, "state": "Succeeded"}])
+    tables.flush()
+    tables.append("batches", [{"pipeline": "pipe", "batch_id": 2, "state": "In Progress"}])
+    tables.append("offsets", [{"pipeline": "pipe", "partition": "p", "latest": 9}])
+    Lease.acquire(lake, "pipe", 5, now=lambda: wall_clock_ms() + 5_100)
+    with pytest.raises(LeaseLost):
+        old.renew()  # the old driver finds out (its renewer, a check)
+    tables.append("errors", [{"pipeline": "pipe", "kind": "late"}])
+    tables.close()
+    batches = read_status_table(lake, "batches", "pipe")
+    assert batches.column("batch_id").to_pylist() == [1]
+    assert not lake.store.is_table(lake.status_table_path("offsets"))
+    assert not lake.store.is_table(lake.status_table_path("errors"))

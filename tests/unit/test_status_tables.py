@@ -187,6 +187,6 @@ def test_a_starting_job_says_starting_before_its_data_plane_is_up(tmp_path, monk
         seen.append(read_status(lake, "auctions"))
         return LocalDataPlane()
 
-    monkeypatch.setattr(lifecycle, "_data_plane", data_plane)
+    monkeypatch.setattr(lifecycle, "data_plane", data_plane)
     lifecycle.run(lake, "auctions")
     assert seen[0]["health"] == "starting" and seen[0]["pid"] == os.getpid()
