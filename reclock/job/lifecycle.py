@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, replace
 from types import FrameType
-from typing import Any, TextIO, TypeAlias
+from typing import Any, TextIO, TypeAlias, cast
 
 from reclock.errors import ConfigError, EngineUnavailable, StorageError, describe
 from reclock.job import status_rows
@@ -301,7 +301,8 @@ def _run_leased(
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     tracker = None
     if progress is not None:
-        tracker = Tracker(PlainLines(progress) if _is_stream(progress) else progress, pipeline, status)
+        view = PlainLines(cast(TextIO, progress)) if _is_stream(progress) else cast(ProgressView, progress)
+        tracker = Tracker(view, pipeline, status)
         trackers.append(tracker)
 
     def beat() -> None:
