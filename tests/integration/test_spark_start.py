@@ -9,7 +9,10 @@ is a subprocess: it starts a real JVM, which must not keep it alive.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
@@ -43,3 +46,31 @@ def test_a_master_that_never_answers_is_given_up_after_the_start_timeout_in_one_
     assert "Traceback" not in done.stderr and "java." not in done.stderr
     status = json.loads(reclock_cli("--lake", str(tmp_path / "lake"), "status", "orders", "--json").stdout)[0]
     assert status["health"] == "failed" and "start_timeout_seconds" in status["last_error"], status
+
+
+@pytest.mark.usefixtures("reclock_processes")
+def test_the_spark_ui_setting_serves_spark_s_own_ui(tmp_path):
+    """``[spark] ui = true`` is what ``spark_session(ui=True)`` does: a real session serves its UI."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    code = (
+        "import urllib.request\n"
+        "from reclock.job.spark import spark_session\n"
+        f"s = spark_session('local[1]', {{'spark.ui.port': '{port}', 'spark.driver.host': '127.0.0.1'}}, ui=True)\n"
+        "url = s.sparkContext.uiWebUrl\n"
+        f"page = urllib.request.urlopen('http://127.0.0.1:{port}/jobs/', timeout=30).read().decode()\n"
+        "print(url, 'Spark Jobs' in page)\n"
+        "s.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=tmp_path,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+    )
+    assert done.returncode == 0, done.stderr
+    url, found = done.stdout.split()
+    assert url.endswith(f":{port}") and found == "True", done.stdout
