@@ -124,10 +124,8 @@ class Tracker:
     def _draw(self) -> None:
         self._due = False
         now = self._offsets()
-        if now is not None and self._first is not None:
+        if now is not None and self._first is not None:  # a closed frontier (finished) adds no offsets
             self._loaded = now - self._first
-        elif now is None:  # finished: every offset the source had is in
-            self._loaded += self.pipeline.lag or 0
         p = self.pipeline
         self.view.show(
             JobProgress(
