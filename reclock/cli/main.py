@@ -25,8 +25,9 @@ from reclock.cli import ui as cli_ui
 from reclock.cli.progress import Steps, job_view
 from reclock.errors import ConfigError, ReclockError, describe
 from reclock.job import lifecycle
-from reclock.job.config import expand_storage_options, load_config
+from reclock.job.config import load_config
 from reclock.job.progress import JobProgress, ProgressView
+from reclock.job.secrets import expand_storage_options
 from reclock.job.status import DEAD, job_alive, read_status
 from reclock.persist.asof import read_as_of
 from reclock.persist.lake import Lake

@@ -56,6 +56,7 @@ from typing import Any, cast
 
 from reclock.errors import ConfigError
 from reclock.job.plugins import source_class, source_options
+from reclock.job.secrets import conceal, expand, hidden
 from reclock.persist.layout import OutputLayout, layouts_to_dict, parse_layouts
 from reclock.persist.lease import DEFAULT_TTL_S
 from reclock.persist.store import check_storage_options
@@ -68,10 +69,8 @@ __all__ = [
     "PipelineConfig",
     "build_source",
     "check_shapes",
-    "expand_storage_options",
     "load_config",
     "parse_config",
-    "redacted",
 ]
 
 _ENGINES = ("spark", "local")
@@ -81,7 +80,6 @@ _RECORD_ERROR = "on_record_error"
 #: ``[pipeline]`` keys besides the runtime's :class:`Settings`.
 _PIPELINE_KEYS = ("name", "lake", "engine", "status_retention_days", _RECORD_ERROR, *_METRICS_KEYS)
 _MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 #: Seconds a job waits for its Spark session: a local one starts in 5-20 s on a loaded machine.
 DEFAULT_SPARK_START_TIMEOUT_S = 120.0
 _SPARK_KEYS = {"master", "conf", "small_batch_offsets", "background_start", "start_timeout_seconds", "ui"}
@@ -351,8 +349,8 @@ def build_source(
     source's own durable state (in a local lake). Any other class
     is called with the ``[source]`` options alone.
     """
-    options = {k: _expand(v, f"source.{k}", file) for k, v in config.source.items() if k not in ("kind", _RECORD_ERROR)}
-    hidden = _hidden(config.source, options)
+    options = {k: expand(v, f"source.{k}", file) for k, v in config.source.items() if k not in ("kind", _RECORD_ERROR)}
+    secrets = hidden(config.source, options)
     try:
         cls = source_class(config.source["kind"])
     except ConfigError as exc:
@@ -364,10 +362,10 @@ def build_source(
         built = cls.from_config(options, context) if issubclass(cls, TakesContext) else cls(**options)
         return cast(Source, built)  # source_class checked the class has the protocol's methods
     except ConfigError as exc:
-        message = _conceal(exc.reason, hidden)
+        message = conceal(exc.reason, secrets)
         raise ConfigError(f"source.{exc.field}", message, file=file) from None
     except (TypeError, ValueError) as exc:  # a source that did not say which option: still one line
-        raise ConfigError("source", _conceal(f"{type(exc).__name__}: {exc}", hidden), file=file) from None
+        raise ConfigError("source", conceal(f"{type(exc).__name__}: {exc}", secrets), file=file) from None
 
 
 def check_shapes(config: PipelineConfig, source: Source, *, file: str | None = None) -> None:
@@ -376,32 +374,6 @@ def check_shapes(config: PipelineConfig, source: Source, *, file: str | None = N
         route_outputs({o.name: o for o in source.outputs()}, config.shapes)
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
-
-
-def expand_storage_options(options: Mapping[str, Any], *, file: str | None = None) -> dict[str, Any]:
-    """``[storage_options]`` with ``${NAME}`` taken from the environment (an unset one is an error)."""
-    return {k: _expand(v, f"storage_options.{k}", file) for k, v in options.items()}
-
-
-# Keys whose values are secrets; not "key" or "ssl" alone: key columns and certificate paths are not.
-_SECRET = re.compile(r"pass(word|wd|phrase)?($|_)|secret|token|credential|private_key|api_?key", re.IGNORECASE)
-
-
-def redacted(value: Any, key: str = "", *, secret: bool = False) -> Any:
-    """A copy safe for logs and status tables: values under secret-looking keys are masked.
-
-    Masking goes by the key alone, whatever the value's type (``sasl_plain_password = 99887766``
-    is a number in TOML), and reaches everything nested under such a key. Only ``None`` and
-    ``""`` stay visible: they show that no secret is set, not what it is.
-    """
-    secret = secret or bool(_SECRET.search(key))
-    if isinstance(value, Mapping):
-        return {k: redacted(v, str(k), secret=secret) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redacted(v, key, secret=secret) for v in value]
-    if secret and value is not None and value != "":
-        return "***"
-    return value
 
 
 def _check_source_options(
@@ -436,57 +408,6 @@ def _record_error_policy(
         return check_record_error_policy({**source, **pipeline}.get(_RECORD_ERROR, "skip"))
     except ConfigError as exc:
         raise fail(f"{section}.{exc.field}", exc.reason) from None
-
-
-def _expand(value: Any, key: str, file: str | None) -> Any:
-    """Substitute ``${NAME}`` from the environment; an unset variable is an error, not ``""``."""
-    if isinstance(value, str):
-
-        def variable(match: re.Match[str]) -> str:
-            name = match.group(1)
-            if name not in os.environ:
-                raise ConfigError(key, f"environment variable {name} is not set", file=file)
-            return os.environ[name]
-
-        return _ENV.sub(variable, value)
-    if isinstance(value, Mapping):
-        return {k: _expand(v, f"{key}.{k}", file) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v, key, file) for v in value]
-    return value
-
-
-def _hidden(raw: Any, expanded: Any, key: str = "", secret: bool = False) -> list[tuple[str, str]]:
-    """``(value, shown instead)`` for every value an error message must not echo.
-
-    Those are values substituted from ``${NAME}`` (shown as the reference) and values under
-    secret-looking keys (shown as ``***``), at any depth of the ``[source]`` table.
-    """
-    secret = secret or bool(_SECRET.search(key))
-    if isinstance(raw, Mapping) and isinstance(expanded, Mapping):
-        return [pair for k, v in raw.items() if k in expanded for pair in _hidden(v, expanded[k], str(k), secret)]
-    if isinstance(raw, list) and isinstance(expanded, list):
-        return [pair for r, e in zip(raw, expanded, strict=False) for pair in _hidden(r, e, key, secret)]
-    if expanded is None or isinstance(expanded, Mapping | list) or str(expanded) == "":
-        return []
-    if secret:
-        return [(str(expanded), "***")]
-    if isinstance(raw, str) and _ENV.search(raw):
-        return [(str(expanded), raw)]
-    return []
-
-
-def _conceal(message: str, hidden: list[tuple[str, str]]) -> str:
-    """``message`` without any hidden value: a quoted one becomes what the file says instead.
-
-    A value still found unquoted (a short number inside other text, say) is not replaced piece
-    by piece; the message then only says that the value is not shown.
-    """
-    for value, shown in sorted(hidden, key=lambda pair: -len(pair[0])):
-        message = message.replace(repr(value), repr(shown))
-        if value in message:
-            return f"invalid value (not shown: it comes from {shown if shown != '***' else 'a secret setting'})"
-    return message
 
 
 def _section(raw: Mapping[str, Any], name: str, fail: Callable[..., ConfigError], required: bool = False) -> Mapping:

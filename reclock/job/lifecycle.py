@@ -22,11 +22,12 @@ from typing import Any, TextIO, TypeAlias
 
 from reclock.errors import ConfigError, EngineUnavailable, ReclockError, describe
 from reclock.job import status_publish, status_rows
-from reclock.job.config import PipelineConfig, build_source, check_shapes, expand_storage_options, redacted
+from reclock.job.config import PipelineConfig, build_source, check_shapes
 from reclock.job.control import exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.job.progress import PlainLines, ProgressView, Tracker
+from reclock.job.secrets import expand_storage_options, redacted
 from reclock.job.startup import data_plane, starting
 from reclock.job.status import Status, StatusWriter
 from reclock.job.status_restore import restore_history

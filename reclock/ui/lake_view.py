@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from reclock.job.config import redacted
 from reclock.job.detach import is_detached
+from reclock.job.secrets import redacted
 from reclock.job.status import read_status
 from reclock.persist.asof import CLOSED_UPPER
 from reclock.persist.lake import Lake, sink_id

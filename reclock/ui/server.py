@@ -13,7 +13,7 @@ Endpoints (all ``GET``, all JSON but ``/`` and ``/static/...``):
 * ``/api/pipelines/<name>/tables/<batches|errors|files|offsets>?offset=0&limit=50&<column>=<text>``.
 
 Nothing it serves carries a secret: definitions are shown through
-:func:`reclock.job.config.redacted`, storage options are never shown, and as a last guard every
+:func:`reclock.job.secrets.redacted`, storage options are never shown, and as a last guard every
 response is scrubbed of the values of secret-looking storage options and of every environment
 variable a definition references as ``${NAME}``.
 """
@@ -31,7 +31,7 @@ from importlib import resources
 from typing import Any
 
 from reclock.job import lifecycle
-from reclock.job.config import redacted
+from reclock.job.secrets import redacted
 from reclock.persist.lake import Lake
 from reclock.ui import views
 from reclock.ui.lake_view import LakeView

@@ -90,7 +90,7 @@ def test_secrets_in_the_definition_never_reach_the_status_tables(tmp_path, monke
     )
     lifecycle.create(config)
     lifecycle.run(Lake.at(tmp_path / "lake"), "p")
-    from reclock.job.config import redacted
+    from reclock.job.secrets import redacted
 
     assert redacted({"sasl_plain_password": "x", "nested": {"api_token": "y"}, "rate": 5}) == {
         "sasl_plain_password": "***",
