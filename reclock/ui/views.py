@@ -157,7 +157,9 @@ def _batches(snap: Snapshot, name: str, limit: int) -> list[dict[str, Any]]:
     rows = _rows_of(snap, "batches", name)
     if rows.num_rows == 0:
         return []
-    tail = rows.slice(max(0, rows.num_rows - limit * 16))  # splits per batch: enough rows for limit batches
+    # The rows of the newest ``limit`` attempts (each has one time_ms, however many splits it has).
+    times = pc.unique(rows.column("time_ms"))
+    tail = rows if len(times) <= limit else rows.filter(pc.greater_equal(rows.column("time_ms"), times[-limit]))
     columns = ["batch_id", "state", "rows", "time_ms", *(f"{phase}_ms" for phase in PHASES)]
     batches: dict[int, dict[str, Any]] = {}
     for r in tail.select(columns).to_pylist():
