@@ -162,3 +162,15 @@ def test_a_starting_job_says_starting_before_its_data_plane_is_up(tmp_path, monk
     monkeypatch.setattr(lifecycle, "_data_plane", data_plane)
     lifecycle.run(lake, "auctions")
     assert seen[0]["health"] == "starting" and seen[0]["pid"] == os.getpid()
+
+
+def test_offsets_rows_carry_the_sources_upper_at_the_probe_so_lag_has_a_history(tmp_path):
+    """``source_latest`` is how far the source was when the batch was probed: with max_batch
+    capping each binding at 7,000 of the 30,000 offsets, the first batch leaves 23,000 behind."""
+    lake, _ = run_generator_job(tmp_path)
+    rows = read_status_table(lake, "offsets", "auctions").to_pylist()
+    first = [r for r in rows if r["time_ms"] == rows[0]["time_ms"]]
+    assert {r["partition"]: r["source_latest"] for r in first} == {"gen-0": 10_000, "gen-1": 10_000, "gen-2": 10_000}
+    assert sum(r["source_latest"] - r["latest_loaded"] for r in first) == 30_000 - 7_000
+    last = {r["partition"]: r for r in rows}
+    assert all(r["source_latest"] in (None, r["latest_loaded"]) for r in last.values())  # none left at the end
