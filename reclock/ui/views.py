@@ -35,7 +35,7 @@ from reclock.ui.lake_view import PipelineState, Snapshot
 __all__ = ["HINTS", "PHASES", "overview", "series", "state_of", "table", "timeline"]
 
 #: The phases of a batch, in the order they run, as the batches table names them (``<phase>_ms``).
-PHASES = ("probe", "mint", "plan", "read", "commit")
+PHASES = ("probe", "mint", "plan", "read", "commit", "maintenance")
 
 #: What an operator does about each state (docs/operations.md, "Health").
 HINTS = {

@@ -214,7 +214,7 @@ function drawSeries(s) {
     [s.rows.t, s.rows.rows]);
   // Stacked: each phase is drawn as the sum of it and the phases before it, the biggest first so the
   // smaller ones paint over it; the legend shows each phase's own value.
-  const phases = ["probe", "mint", "plan", "read", "commit"];
+  const phases = ["probe", "mint", "plan", "read", "commit", "maintenance"];
   const stacked = [];
   let sum = s.phases.t.map(() => 0);
   for (const p of phases) {
