@@ -194,7 +194,8 @@ const COLORS = ["#4b7bd6", "#d4380d", "#1a7f37", "#8a5a00", "#7b3fb3", "#0e7c86"
 function chart(id, series, data, extra = {}) {
   const target = document.getElementById(id);
   const existing = state.charts[id];
-  if (existing && existing.series.length === series.length + 1) {
+  const key = series.map((s) => s.label).join("\u0000");
+  if (existing && existing.reclockKey === key) { // the same series: new points only
     existing.setData(data);
     return existing;
   }
@@ -204,6 +205,7 @@ function chart(id, series, data, extra = {}) {
     series: [{}, ...series], axes: [{}, { size: 60 }], ...extra,
   };
   state.charts[id] = new uPlot(opts, data, target);
+  state.charts[id].reclockKey = key;
   return state.charts[id];
 }
 
