@@ -74,6 +74,7 @@ STATUS_SCHEMAS: Mapping[str, pa.Schema] = {
             ("plan_ms", _I),
             ("read_ms", _I),
             ("commit_ms", _I),
+            ("maintenance_ms", _I),  # the job's table maintenance after this batch, when it ran one
         ]
     ),
     "files": pa.schema(

@@ -43,6 +43,8 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
         return
     files_source = isinstance(pipeline.source, FileStates)
     phases = {f"{phase}_ms": ms for phase, ms in report.phases.items()}
+    if report.maintenance is not None:
+        phases["maintenance_ms"] = report.maintenance.duration_ms
     rows = []
     for r in report.results:
         rows.append(

@@ -35,7 +35,7 @@ from reclock.ui.lake_view import PipelineState, Snapshot
 __all__ = ["HINTS", "PHASES", "overview", "series", "state_of", "table", "timeline"]
 
 #: The phases of a batch, in the order they run, as the batches table names them (``<phase>_ms``).
-PHASES = ("probe", "mint", "plan", "read", "commit")
+PHASES = ("probe", "mint", "plan", "read", "commit", "maintenance")
 
 #: What an operator does about each state (docs/operations.md, "Health").
 HINTS = {
@@ -157,7 +157,9 @@ def _batches(snap: Snapshot, name: str, limit: int) -> list[dict[str, Any]]:
     rows = _rows_of(snap, "batches", name)
     if rows.num_rows == 0:
         return []
-    tail = rows.slice(max(0, rows.num_rows - limit * 16))  # splits per batch: enough rows for limit batches
+    # The rows of the newest ``limit`` attempts (each has one time_ms, however many splits it has).
+    times = pc.unique(rows.column("time_ms"))
+    tail = rows if len(times) <= limit else rows.filter(pc.greater_equal(rows.column("time_ms"), times[-limit]))
     columns = ["batch_id", "state", "rows", "time_ms", *(f"{phase}_ms" for phase in PHASES)]
     batches: dict[int, dict[str, Any]] = {}
     for r in tail.select(columns).to_pylist():

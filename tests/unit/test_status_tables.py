@@ -190,3 +190,37 @@ def test_a_starting_job_says_starting_before_its_data_plane_is_up(tmp_path, monk
     monkeypatch.setattr(lifecycle, "data_plane", data_plane)
     lifecycle.run(lake, "auctions")
     assert seen[0]["health"] == "starting" and seen[0]["pid"] == os.getpid()
+
+
+def test_offsets_rows_carry_the_sources_upper_at_the_probe_so_lag_has_a_history(tmp_path):
+    """``source_latest`` is how far the source was when the batch was probed: with max_batch
+    capping each binding at 7,000 of the 30,000 offsets, the first batch leaves 23,000 behind."""
+    lake, _ = run_generator_job(tmp_path)
+    rows = read_status_table(lake, "offsets", "auctions").to_pylist()
+    first = [r for r in rows if r["time_ms"] == rows[0]["time_ms"]]
+    assert {r["partition"]: r["source_latest"] for r in first} == {"gen-0": 10_000, "gen-1": 10_000, "gen-2": 10_000}
+    assert sum(r["source_latest"] - r["latest_loaded"] for r in first) == 30_000 - 7_000
+    last = {r["partition"]: r for r in rows}
+    assert all(r["source_latest"] in (None, r["latest_loaded"]) for r in last.values())  # none left at the end
+
+
+def test_a_batch_that_maintained_the_tables_says_how_long_it_took(tmp_path):
+    """``maintenance_ms``: the page stacks it on the batch's phases; it is the pass status.json reports."""
+    config = parse_config(
+        {
+            "pipeline": {"name": "kept", "lake": str(tmp_path / "lake"), "engine": "local", "max_batch": 7_000},
+            "source": {"kind": "generator", "partitions": 3, "limit": 30_000},
+            "maintenance": {"every": 2},
+        }
+    )
+    lifecycle.create(config)
+    lake = Lake.at(tmp_path / "lake")
+    lifecycle.run(lake, "kept")
+    batches = read_status_table(lake, "batches", "kept").to_pylist()
+    maintained = [r for r in batches if r["maintenance_ms"] is not None]
+    assert maintained and {r["state"] for r in maintained} <= {"Succeeded", "No Data"}
+    assert (
+        len({r["batch_id"] for r in maintained})
+        == len({r["batch_id"] for r in batches if r["state"] != "In Progress"}) // 2
+    )
+    assert maintained[-1]["maintenance_ms"] == read_status(lake, "kept")["last_maintenance"]["duration_ms"]

@@ -194,7 +194,8 @@ const COLORS = ["#4b7bd6", "#d4380d", "#1a7f37", "#8a5a00", "#7b3fb3", "#0e7c86"
 function chart(id, series, data, extra = {}) {
   const target = document.getElementById(id);
   const existing = state.charts[id];
-  if (existing && existing.series.length === series.length + 1) {
+  const key = series.map((s) => s.label).join("\u0000");
+  if (existing && existing.reclockKey === key) { // the same series: new points only
     existing.setData(data);
     return existing;
   }
@@ -204,6 +205,7 @@ function chart(id, series, data, extra = {}) {
     series: [{}, ...series], axes: [{}, { size: 60 }], ...extra,
   };
   state.charts[id] = new uPlot(opts, data, target);
+  state.charts[id].reclockKey = key;
   return state.charts[id];
 }
 
@@ -214,7 +216,7 @@ function drawSeries(s) {
     [s.rows.t, s.rows.rows]);
   // Stacked: each phase is drawn as the sum of it and the phases before it, the biggest first so the
   // smaller ones paint over it; the legend shows each phase's own value.
-  const phases = ["probe", "mint", "plan", "read", "commit"];
+  const phases = ["probe", "mint", "plan", "read", "commit", "maintenance"];
   const stacked = [];
   let sum = s.phases.t.map(() => 0);
   for (const p of phases) {
