@@ -91,8 +91,9 @@ class Prober:
         self._routing = routing
         self._start = start
         self._warn_after_s = open_transaction_warning_s
-        #: ``partition -> (last stable offset, since when (monotonic))`` while it is below the HW.
-        self._held: dict[tuple[str, int], tuple[int, float]] = {}
+        #: ``partition -> (last stable offset, since when (monotonic), high watermark)`` while the
+        #: LSO stays below the HW at one offset.
+        self._held: dict[tuple[str, int], tuple[int, float, int]] = {}
         #: ``partition -> (held offset, producer (id, epoch) of its batch)``, asked once per offset.
         self._holders: dict[tuple[str, int], tuple[int, tuple[int, int] | None]] = {}
         self._warnings: list[str] = []
@@ -336,24 +337,25 @@ class Prober:
             held = self._held.get(key)
             if end >= hw:
                 self._held.pop(key, None)
-            elif held is None or held[0] != end:
-                self._held[key] = (end, now)
+                self._holders.pop(key, None)
+            else:
+                self._held[key] = (end, now if held is None or held[0] != end else held[1], hw)
         warnings = []
-        for key, (lso, since) in sorted(self._held.items()):
+        for key, (lso, since, hw) in sorted(self._held.items()):
             if now - since < self._warn_after_s:
                 continue
-            if self._holders.get(key, (None,))[0] != lso:
+            fresh = self._holders.get(key, (None,))[0] != lso
+            if fresh:  # once per held offset: one fetch, one log line
                 self._holders[key] = (lso, self._holder(key, lso))
             holder = self._holders[key][1]
             who = f"producer id {holder[0]}, epoch {holder[1]}" if holder else "producer unknown"
-            hw = answers.get(key, (lso, lso))[1]
             warnings.append(
                 f"kafka partition {key[0]}[{key[1]}]: an open transaction ({who}) has held the last stable "
                 f"offset at {lso} for {now - since:.0f} s (high watermark {hw}); records from {lso} on wait "
                 f"until it commits or aborts"
             )
-        if len(warnings) > len(self._warnings):
-            log.warning("%s", warnings[-1])
+            if fresh:
+                log.warning("%s", warnings[-1])
         self._warnings = warnings
 
     def _holder(self, partition: tuple[str, int], offset: int) -> tuple[int, int] | None:
