@@ -54,9 +54,10 @@ HISTORY = 200_000
 class Transfers(threading.Thread):
     """One client moving money; ``done`` holds ``(xid, [(table, id, delta), ...])`` per commit."""
 
-    def __init__(self, dsn: str, seed: int, next_id: list[int], lock: threading.Lock) -> None:
+    def __init__(self, dsn: str, seed: int, next_id: list[int], opened: list[int], lock: threading.Lock) -> None:
         super().__init__(daemon=True)
         self.dsn, self.random, self.next_id, self.lock = dsn, random.Random(seed), next_id, lock
+        self.opened = opened
         self.stop = threading.Event()
         self.done: list[tuple[int, list[tuple[str, int, int]]]] = []
         self.failure: BaseException | None = None
@@ -74,15 +75,15 @@ class Transfers(threading.Thread):
             self.failure = exc
 
     def _one(self, conn) -> tuple[int, list[tuple[str, int, int]]] | None:
-        with self.lock:
-            known = self.next_id[0]
-        a, b = self.random.randrange(1, known), self.random.randrange(1, known)
+        with self.lock:  # accounts whose opening committed: another client's may be in flight or rolled back
+            a, b = self.random.choice(self.opened), self.random.choice(self.opened)
         amount = self.random.randint(-50, 50)
         effects = [("checking", a, -amount), ("savings", b, amount)]
         try:
             with conn.cursor() as cur:
                 cur.execute("SELECT txid_current()")
                 xid = cur.fetchone()[0]
+                new = None
                 if self.random.random() < 0.05:  # open an account in both tables, funded from checking a
                     with self.lock:
                         new = self.next_id[0]
@@ -91,10 +92,16 @@ class Transfers(threading.Thread):
                     cur.execute("INSERT INTO savings VALUES (%s, 5)", (new,))
                     effects = [("checking", new, 0), ("savings", new, 5), ("checking", a, -5)]
                     cur.execute("UPDATE checking SET balance = balance - 5 WHERE id = %s", (a,))
+                    assert cur.rowcount == 1
                 else:
                     cur.execute("UPDATE checking SET balance = balance - %s WHERE id = %s", (amount, a))
+                    assert cur.rowcount == 1
                     cur.execute("UPDATE savings SET balance = balance + %s WHERE id = %s", (amount, b))
+                    assert cur.rowcount == 1
             conn.commit()
+            if new is not None:
+                with self.lock:
+                    self.opened.append(new)
         except psycopg2.errors.DeadlockDetected:
             conn.rollback()
             return None
@@ -225,7 +232,8 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
     created = reclock_cli("create", str(config), cwd=tmp_path)
     assert created.returncode == 0, created.stderr
     next_id, lock = [ACCOUNTS + 1], threading.Lock()
-    clients = [Transfers(dsn, seed, next_id, lock) for seed in range(4)]
+    opened = list(range(1, ACCOUNTS + 1))  # shared by the clients, under the lock
+    clients = [Transfers(dsn, seed, next_id, opened, lock) for seed in range(4)]
     watch = SlotWatch(dsn, "reclock_bank", lake)
     for client in clients:
         client.start()
@@ -312,8 +320,10 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
                 == (cut[t])
             )
         checked += 1
-    # The final tables are the database's, row for row.
+    # The final tables are the database's, row for row (and the database kept the total).
     with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT (SELECT sum(balance) FROM checking) + (SELECT sum(balance) FROM savings)")
+        assert cur.fetchone()[0] == TOTAL
         for t in ("checking", "savings"):
             cur.execute(f"SELECT id, balance FROM {t}")
             assert dict(cur.fetchall()) == {r["id"]: r["balance"] for r in outputs[t][-1][2]}
