@@ -56,8 +56,9 @@ log = logging.getLogger("reclock.job")
 #: What ``signal.signal`` returns and takes back: a handler, ``SIG_DFL``/``SIG_IGN``, or ``None``.
 _Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
 
-#: Seconds between two looks for a stop request, at least: the batch cadence
-#: (``batch_interval``) when it is slower. A look is a request to the lake.
+#: Seconds between two looks for a stop request in a lake in object storage, at least: the batch
+#: cadence (``batch_interval``) when it is slower. A look is a request to the store, billed; in a
+#: local lake it is a ``stat``, so the job looks at every turn of its watcher and stops at once.
 _STOP_POLL_S = 1.0
 
 
@@ -365,7 +366,7 @@ def _run_leased(
             status_publish.say(writer, status, health=Health.STALLED.value, last_error=error)
 
     asked = functools.partial(lake.store.exists, stop_file)
-    poll_s = max(config.settings.batch_interval, _STOP_POLL_S)  # each look is a request to the lake
+    poll_s = max(config.settings.batch_interval, _STOP_POLL_S) if lake.store.remote else 0.0
     probing = pipeline.minter.probing_for
     watcher = threading.Thread(target=watch, args=(asked, stop, max_seconds, beat, probing, slow, poll_s), daemon=True)
     watcher.start()
