@@ -51,6 +51,9 @@ class FaultProxy:
         self._armed: Callable[[bytes], bool] | None = None
         self._held: tuple[Callable[[bytes], bool], float] | None = None
         self.fired = threading.Event()
+        #: Connections an outage met: open ones a refusal reset, new ones a pause held. A client
+        #: that retried through an outage says nothing of it; this says the outage reached it.
+        self.met = 0
         self._listener = _bound(0)
         self.port = self._listener.getsockname()[1]
         self._listener.listen(128)
@@ -71,6 +74,7 @@ class FaultProxy:
             old.close()  # the acceptor's select sees it gone
             self._listener = _rebound(self.port)
             conns, self._conns = self._conns, set()
+            self.met += len(conns) // 2  # a client's end and the server's per connection
             self._flowing.set()
         for conn in conns:
             _reset(conn)
@@ -130,6 +134,8 @@ class FaultProxy:
                 client, _ = listener.accept()
             except (OSError, ValueError):
                 return  # closed by refuse() or close()
+            if self.state == _PAUSED:
+                self.met += 1
             threading.Thread(target=self._relay, args=(client,), name="proxy-relay", daemon=True).start()
 
     def _relay(self, client: socket.socket) -> None:

@@ -132,7 +132,9 @@ def _start(server: S3Server, proxy: FaultProxy, tmp_path: Path, seconds: float) 
 
 
 #: What the job logs when an outage reached it: a stall, or (a short outage that the clients'
-#: own retries bridged for the batch) a status or lease write it could not make.
+#: own retries bridged for the batch) a status or lease write it could not make. A short
+#: campaign's outage may be bridged whole by the clients' retries: then the proxy's count of the
+#: connections the outages met (:attr:`FaultProxy.met`) says that they reached the job.
 STALLED, MET = ("stalled, will retry",), ("stalled, will retry", "could not publish its status", "could not renew")
 
 
@@ -151,7 +153,10 @@ def _finish(
         proxy.close()
     text = log.read_text()
     assert "Traceback" not in text, text[-4000:]
-    assert any(line in text for line in reached), f"no outage reached the job: the test proved nothing:\n{text[-4000:]}"
+    met = bool(proxy.met) and reached is MET  # a short outage the clients' retries bridged
+    assert met or any(line in text for line in reached), (
+        f"no outage reached the job: the test proved nothing:\n{text[-4000:]}"
+    )
     return text
 
 
