@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,74 +114,53 @@ def run_splits(plan: BatchPlan, splits: list[Split]) -> list[SplitResult]:
 def run_split(plan: BatchPlan, split: Split) -> SplitResult:
     """Read, stamp, filter, shape and write one split (see the module docstring)."""
     if isinstance(split, RedriveSplit):
-        return _run_redrive(plan, split)
-    started = time.time()
-    task = _Task(plan)
-    rows = bytes_read = 0
-    earliest: int | None = None
-    latest: int | None = None
-    stamp_at = split.stamp_at
-    try:
-        partition = encode_partition(split.partition)
-        for output, batch in plan.source.read(split):
-            bytes_read += batch.nbytes
-            if batch.num_rows:
-                offsets = batch.column(OFFSET) if stamp_at is None else pa.array([stamp_at], pa.int64())
-                lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
-                earliest = lo if earliest is None else min(earliest, lo)
-                latest = hi if latest is None else max(latest, hi)
-            landed = task.land(output, batch, partition, f"split {split!r}", stamp_at=stamp_at)
-            rows += sum(t.num_rows for t in landed)
-        files = task.finish()
-        filtered = sum(t.num_rows for t in task.filtered)
-    except Exception as exc:
-        task.discard()
-        return _failed(split, started, exc)
-    return SplitResult(
-        split,
-        files,
-        rows=rows,
-        filtered=filtered,
-        bytes_read=bytes_read,
-        earliest=earliest,
-        latest=latest,
-        started_ms=int(started * 1000),
-        duration_ms=int((time.time() - started) * 1000),
-    )
+        return _land_split(plan, split, lambda: _redriven(plan, split), f"redrive {split!r}", redrive=split)
+    return _land_split(plan, split, lambda: plan.source.read(split), f"split {split!r}", stamp_at=split.stamp_at)
 
 
-def _run_redrive(plan: BatchPlan, split: RedriveSplit) -> SplitResult:
-    """Read a redriven range again and land its redriven records (see :mod:`reclock.runtime.redrives`).
+def _redriven(plan: BatchPlan, split: RedriveSplit) -> list[tuple[str, pa.RecordBatch]]:
+    """The redriven records of a range read again (see :mod:`reclock.runtime.redrives`).
 
     The range is read whole before anything lands, so a source that cannot read it any more (a
     deleted file, offsets lost to retention) gives each record an ``_errors`` row saying so
     instead of failing the batch forever: a redrive must never wedge the pipeline it runs in.
     Transient trouble and broken contracts still fail the split, to be retried or reported.
     """
+    try:
+        return [
+            (output, kept) for output, batch in plan.source.read(split.split) if (kept := split.kept(batch)).num_rows
+        ]
+    except Exception as exc:
+        if classify(exc) not in (ErrorKind.DATA, ErrorKind.DEFINITE):
+            raise
+        return [(ERRORS, split.unreadable(describe(exc)))]
+
+
+def _land_split(
+    plan: BatchPlan,
+    split: Split,
+    read: Callable[[], Iterable[tuple[str, pa.RecordBatch]]],
+    where: str,
+    *,
+    stamp_at: int | None = None,
+    redrive: RedriveSplit | None = None,
+) -> SplitResult:
+    """Land what ``read`` yields for ``split`` (stamped at ``stamp_at``, or as ``redrive``'s)."""
     started = time.time()
     task = _Task(plan)
     rows = bytes_read = 0
     earliest: int | None = None
     latest: int | None = None
     try:
-        try:
-            batches = [
-                (output, kept)
-                for output, batch in plan.source.read(split.split)
-                if (kept := split.kept(batch)).num_rows
-            ]
-        except Exception as exc:
-            if classify(exc) not in (ErrorKind.DATA, ErrorKind.DEFINITE):
-                raise
-            batches = [(ERRORS, split.unreadable(describe(exc)))]
         partition = encode_partition(split.partition)
-        for output, batch in batches:
+        for output, batch in read():
             bytes_read += batch.nbytes
-            offsets = batch.column(OFFSET)
-            lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
-            earliest = lo if earliest is None else min(earliest, lo)
-            latest = hi if latest is None else max(latest, hi)
-            landed = task.land(output, batch, partition, f"redrive {split!r}", redrive=split)
+            if batch.num_rows:
+                offsets = batch.column(OFFSET) if stamp_at is None else pa.array([stamp_at], pa.int64())
+                lo, hi = pc.min(offsets).as_py(), pc.max(offsets).as_py()
+                earliest = lo if earliest is None else min(earliest, lo)
+                latest = hi if latest is None else max(latest, hi)
+            landed = task.land(output, batch, partition, where, stamp_at=stamp_at, redrive=redrive)
             rows += sum(t.num_rows for t in landed)
         files = task.finish()
         filtered = sum(t.num_rows for t in task.filtered)
