@@ -21,11 +21,16 @@ from psycopg2.extras import LogicalReplicationConnection
 from reclock.errors import DefiniteSourceError, TransientError
 from reclock.sources.postgres.columns import SESSION_OPTIONS
 
-__all__ = ["PostgresUnavailable", "connect", "replication", "server_errors"]
+__all__ = ["PostgresUnavailable", "SlotInUse", "connect", "replication", "server_errors"]
 
 
 class PostgresUnavailable(TransientError):
     """The server cannot be reached, or dropped the connection: retry, the data is fine."""
+
+
+class SlotInUse(PostgresUnavailable):
+    """The slot is held by another connection: usually a reader that closed a moment ago and
+    whose walsender has not let go yet, so a wait of milliseconds is the usual cure."""
 
 
 def connect(dsn: str, *, replication: bool = False, timeout_s: float = 10.0) -> Any:
@@ -70,6 +75,8 @@ def server_errors(slot: str, publication: str) -> Iterator[None]:
             f"replication slot {slot} can no longer be read ({text}): the server removed WAL it needed "
             "(max_slot_wal_keep_size); recreate the pipeline"
         ) from None
+    except psycopg2.errors.ObjectInUse as exc:  # an OperationalError: sorted before the lost connection
+        raise SlotInUse(f"replication slot {slot} is in use by another connection: {_first_line(exc)}") from None
     except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
         raise PostgresUnavailable(f"lost the connection to the Postgres server: {_first_line(exc)}") from None
 

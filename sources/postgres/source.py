@@ -24,6 +24,7 @@ Outputs: one per table, named ``<schema>_<table>``; ``upsert`` by the replica id
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from reclock.errors import ConfigError
 from reclock.sources.base import Output, SourceBase, SourceContext, Split, check_record_error_policy
 from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication
 from reclock.sources.postgres.changes import Change, ChangeBatches
-from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
+from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
 from reclock.sources.postgres.config import PostgresOptions, slot_name
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
 from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
@@ -194,16 +195,30 @@ class PostgresSource(SourceBase):
 
     def commit(self, frontier: Frontier) -> None:
         """Confirm the slot up to the resume frontier (advisory: a failure is logged, and the
-        next batch confirms further)."""
+        next batch confirms further). The batch's reader closed its replication connection a
+        moment ago and the server may not have let go of the slot yet, so a busy slot is asked
+        again until ``read_timeout_s``."""
         target = frontier.offset(WAL)
         manifest = self._manifest
         if manifest is None or target <= manifest.consistent_lsn:
             return
-        try:
-            conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
-        except PostgresUnavailable as exc:
-            log.warning("could not confirm slot %s to %s: %s", self.options.slot, lsn_text(target), exc)
-            return
+        deadline = time.monotonic() + self.options.read_timeout_s
+        while True:
+            try:
+                self._advance(target)
+                return
+            except SlotInUse as exc:
+                if time.monotonic() > deadline:
+                    log.warning("could not confirm slot %s to %s: %s", self.options.slot, lsn_text(target), exc)
+                    return
+                time.sleep(0.05)
+            except Exception as exc:  # advisory: never fails a batch that is already durable
+                log.warning("could not confirm slot %s to %s: %s", self.options.slot, lsn_text(target), exc)
+                return
+
+    def _advance(self, target: int) -> None:
+        """``pg_replication_slot_advance`` to ``target``, never backwards."""
+        conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
                 cur.execute(
@@ -211,8 +226,6 @@ class PostgresSource(SourceBase):
                     "WHERE slot_name = %s AND confirmed_flush_lsn < %s::pg_lsn",
                     (self.options.slot, lsn_text(target), self.options.slot, lsn_text(target)),
                 )
-        except Exception as exc:  # advisory: never fails a batch that is already durable
-            log.warning("could not confirm slot %s to %s: %s", self.options.slot, lsn_text(target), exc)
         finally:
             conn.close()
 

@@ -38,11 +38,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from reclock.sources.base import Split
 from reclock.sources.generator import BIDS, GeneratorSource
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli
 from tests.integration.test_windows import check_windows
+
+# Its jobs are `reclock` subprocesses, SIGKILLed: the fixture kills what of them a failure leaves.
+pytestmark = pytest.mark.usefixtures("reclock_processes")
 
 NAME = "auctions"
 PARTITIONS = 2
@@ -139,6 +144,16 @@ def kill_after(job: subprocess.Popen, seconds: float) -> bool:
     return False
 
 
+def wait_for_failed_records(lake: Path, job: subprocess.Popen) -> None:
+    """Until the broken definition has sent records to ``_errors`` (seen from outside), so the
+    campaign has failed records to redrive by construction: a kill timed from the launch alone
+    can fall inside a start-up that a loaded machine stretches past it."""
+    deadline = time.monotonic() + 120
+    while not rows_of(lake, "_errors") and job.poll() is None:
+        assert time.monotonic() < deadline, "the broken definition sent nothing to _errors in 120 s"
+        time.sleep(0.1)
+
+
 def rows_of(lake: Path, output: str) -> list[dict]:
     table = read_rows(DeltaLog(lake / NAME / "outputs" / output).refresh())
     return table.to_pylist() if table is not None else []
@@ -169,7 +184,9 @@ def test_redrive_under_sigkill_lands_every_failed_record_once_shaped_and_windows
     while kills["redrive"] + kills["start (fixed)"] < kills_wanted and rounds < 6 * kills_wanted:
         rounds += 1
         finished += replace(config, lake, "broken")
-        kills["start (broken)"] += kill_after(launch(lake, "start", NAME), rng.uniform(1.5, 3.0))
+        job = launch(lake, "start", NAME)
+        wait_for_failed_records(lake, job)
+        kills["start (broken)"] += kill_after(job, rng.uniform(1.5, 3.0))
         finished += replace(config, lake, "fixed")
         kills["redrive"] += kill_after(launch(lake, "redrive", NAME), rng.uniform(0.3, 3.5))
         if rng.random() < 0.5:  # a start lands a request its redrive was killed before landing

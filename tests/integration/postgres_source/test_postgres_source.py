@@ -8,17 +8,21 @@ Each test makes its own database on the session's server and runs a pipeline in 
 from __future__ import annotations
 
 import decimal
+import threading
 from contextlib import closing
 from pathlib import Path
 
+import psycopg2
 import pyarrow as pa
 import pytest
+from psycopg2.extras import LogicalReplicationConnection
 
 from reclock.errors import ConfigError
 from reclock.persist.lake import Lake, sink_id
 from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.reports import BatchFailed
 from reclock.sources.postgres import PostgresSource
+from reclock.timeline.frontier import Frontier
 from tests.faults.reader import DeltaLog, label_of, read_rows
 
 
@@ -184,6 +188,37 @@ def test_the_committer_confirms_only_what_every_output_holds(postgres, tmp_path)
         postgres, db, f"SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = 's_{db}'"
     )[0][0]
     assert int(confirmed) == frontier
+    drop_slot(postgres, db, source.options.slot)
+
+
+def test_the_committer_waits_for_a_slot_a_closing_reader_still_holds(postgres, tmp_path):
+    """A batch's reader closes its replication connection just before the committer runs, and
+    the server lets go of the slot a moment later (longer on a loaded machine): the confirmation
+    must wait for it, not be skipped until the next batch."""
+    db = "busy"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE t (id int PRIMARY KEY)")
+    source = make_source(postgres, db, tmp_path, tables=["t"])
+    pipeline = Pipeline("pg", tmp_path / "lake", source)
+    pipeline.step()
+    execute(postgres, db, "INSERT INTO t SELECT generate_series(1, 100)")
+    pipeline.step()
+    execute(postgres, db, "INSERT INTO t SELECT generate_series(101, 200)")
+    target = int(query(postgres, db, "SELECT pg_current_wal_flush_lsn() - '0/0'")[0][0])
+    slot = f"SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = 's_{db}'"
+    assert int(query(postgres, db, slot)[0][0]) < target
+
+    holder = psycopg2.connect(postgres.dsn(db), connection_factory=LogicalReplicationConnection)
+    holder.cursor().start_replication(
+        slot_name=source.options.slot, decode=False, options={"proto_version": "1", "publication_names": f"p_{db}"}
+    )
+    release = threading.Timer(1.0, holder.close)
+    release.start()
+    try:
+        source.commit(Frontier({"wal": target}))
+    finally:
+        release.join()
+    assert int(query(postgres, db, slot)[0][0]) == target
     drop_slot(postgres, db, source.options.slot)
 
 
