@@ -115,7 +115,11 @@ def test_stop_on_error_fails_naming_the_file_with_nothing_of_the_batch_visible(t
 @pytest.mark.usefixtures("reclock_processes")
 def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tmp_path):
     expected = make_inputs(tmp_path, corrupt=False)
-    assert main(["create", str(config(tmp_path, stop_on_error=True, idle_interval=0.2))]) == 0
+    # One file per batch at a 0.2 s cadence: the 60 files take seconds, so the kill below lands
+    # while files remain however slowly a loaded machine lets the observer read (at two files per
+    # 0.05 s batch the job could land them all between two observations).
+    slow = config(tmp_path, stop_on_error=True, files_per_batch=1, idle_interval=0.2, batch_interval=0.2)
+    assert main(["create", str(slow)]) == 0
     lake = str(tmp_path / "lake")
     job = subprocess.Popen(
         [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", "ingest"],
@@ -156,7 +160,7 @@ def test_a_file_is_all_in_or_all_out_at_every_moment_even_across_sigkill(tmp_pat
     os.killpg(job.pid, signal.SIGKILL)
     job.wait(timeout=30)
     assert observations > 0 and len(per_file_safe(tmp_path)) < len(sizes)
-    assert run(tmp_path, "start", "ingest", "--max-seconds", "8") == 0
+    assert run(tmp_path, "start", "ingest", "--max-seconds", "20") == 0
     assert per_file(tmp_path) == sizes
 
 
