@@ -60,8 +60,12 @@ def avro_serializer(registry: SchemaRegistryClient, schema: dict) -> Callable[[s
     return lambda topic, record: serializer(record, SerializationContext(topic, MessageField.VALUE))
 
 
-def json_serializer(registry: SchemaRegistryClient, schema: dict) -> Callable[[str, dict], bytes]:
-    serializer = JSONSerializer(json.dumps(schema), registry)
+def json_serializer(
+    registry: SchemaRegistryClient, schema: dict, *, validate: bool = True
+) -> Callable[[str, dict], bytes]:
+    """``validate = False``: a producer that skips validation (confluent-kafka's ``validate``
+    setting), so its bytes may not match the schema they name."""
+    serializer = JSONSerializer(json.dumps(schema), registry, conf={"validate": validate})
     return lambda topic, record: serializer(record, SerializationContext(topic, MessageField.VALUE))
 
 

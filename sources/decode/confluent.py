@@ -17,7 +17,9 @@ then retries the same batch). No row is ever decoded with a schema that is not i
 Step 3: each id's values are decoded with that writer schema into the output's schema: fields the
 output lacks are dropped, or kept as :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS` when the
 output evolves (``schema_evolution``); fields the writer lacks are null; a value that does not
-parse, or whose field does not convert to its column's type, is a ``decode`` fault.
+parse, or whose field does not convert to its column's type, is a ``decode`` fault; a JSON payload
+that parses but does not validate against its writer schema is a ``schema_mismatch`` fault
+(:mod:`reclock.sources.decode.json_validation`).
 Step 4: the rows are put back in input order.
 
 Whether a value is good depends on it and its writer schema only, never on its batch, so a
@@ -170,7 +172,7 @@ class RegistryDecoder:
             if self.format == "avro":
                 return self._avro(writer)
             if self.format == "json":
-                return self._json()
+                return self._json(writer)
             return self._protobuf(writer)
         except (ValueError, TypeError, KeyError) as exc:
             return (-1, SCHEMA, clip_message(f"schema id {writer.schema_id} cannot be read: {exc}"))
@@ -199,13 +201,23 @@ class RegistryDecoder:
 
         return read
 
-    def _json(self) -> _Reader:
+    def _json(self, writer: WriterSchema) -> _Reader:
+        from reclock.sources.decode.json_validation import JsonValidator
+
         inner = Decoder("json", self.schema, unknown_fields=self.unknown_fields)
+        validator = JsonValidator(writer.schema_id, json.loads(writer.text), json_references(self.registry, writer))
 
         def read(values: Sequence[bytes], faults: list[RecordFault]) -> Decoded:
-            decoded = inner.decode([v[_HEADER:] for v in values])
+            payloads = [v[_HEADER:] for v in values]
+            decoded = inner.decode(payloads)
+            invalid = validator.invalid([payloads[int(i)] for i in decoded.good])
             faults.extend(decoded.errors)
-            return decoded
+            if not invalid:
+                return decoded
+            keep = np.ones(len(decoded.good), bool)
+            keep[[i for i, _, _ in invalid]] = False
+            faults.extend((int(decoded.good[i]), kind, message) for i, kind, message in invalid)
+            return Decoded(decoded.batch.filter(pa.array(keep)), decoded.good[keep], decoded.errors)
 
         return read
 
@@ -253,6 +265,23 @@ def protobuf_files(settings: RegistrySettings, writer: WriterSchema) -> list[tup
         out.append((name, schema.text))
 
     add(writer, f"schema-{writer.schema_id}.proto")
+    return out
+
+
+def json_references(settings: RegistrySettings, writer: WriterSchema) -> list[tuple[str, Any]]:
+    """Every JSON Schema ``writer`` references, at any depth, as ``(name, parsed schema)``."""
+    out: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+
+    def add(schema: WriterSchema) -> None:
+        for name, subject, version in schema.references:
+            if name not in seen:
+                seen.add(name)
+                referenced = fetch_version(settings, subject, version)
+                add(referenced)
+                out.append((name, json.loads(referenced.text)))
+
+    add(writer)
     return out
 
 
