@@ -35,6 +35,26 @@ AVRO_V1 = {
 }
 AVRO_V2 = {**AVRO_V1, "fields": [*AVRO_V1["fields"], {"name": "color", "type": ["null", "string"], "default": None}]}
 
+#: A reader schema whose fields declare defaults: ``amount``, ``note``, and fields version 1 does
+#: not have (``color``, ``qty``, ``tag``, ``since``); Avro's schema resolution fills them in.
+READER_V2 = {
+    **AVRO_V1,
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": "double", "default": -1.0},
+        {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "color", "type": "string", "default": "none"},
+        {"name": "qty", "type": ["int", "null"], "default": 7},
+        {"name": "tag", "type": "bytes", "default": "\u00ff\u0001"},
+        {"name": "since", "type": {"type": "long", "logicalType": "timestamp-millis"}, "default": 1_000},
+    ],
+}
+#: Version 3 removes ``amount`` and ``since``: the reader's defaults stand in for them.
+WRITER_V3 = {**AVRO_V1, "fields": [f for f in READER_V2["fields"] if f["name"] not in ("amount", "since")]}
+
+
 JSON_V1 = {
     "type": "object",
     "properties": {

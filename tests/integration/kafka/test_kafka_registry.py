@@ -37,6 +37,8 @@ from tests.registry_payloads import (
     AVRO_V2,
     JSON_V1,
     JSON_V2,
+    READER_V2,
+    WRITER_V3,
     avro_serializer,
     client,
     expected_order,
@@ -211,6 +213,51 @@ def test_under_fail_a_new_writer_field_stops_the_batch_then_add_lands_it_whole(
     rows, errors = _tables(tmp_path, output)
     assert not errors and sorted(rows) == sorted(o for _, _, o in first + later)
     assert [rows[o]["color"] for _, _, o in later] == ["blue", "red"]
+
+
+@pytest.mark.parametrize("mode", ["fail", "add", "rescue"])
+def test_fields_a_writer_lacks_land_as_the_reader_schemas_defaults_under_every_mode(
+    broker, topic, produce, registry, tmp_path, mode
+):
+    name = topic()
+    output = output_name_for(name)
+    reg = client(registry.url)
+    v1, v2, v3 = (avro_serializer(reg, s) for s in (AVRO_V1, READER_V2, WRITER_V3))  # versions 1, 2, 3
+    full = {"color": "red", "qty": 2, "tag": b"t", "since": 5}
+    records = {i: _avro_record(i) for i in range(30)}
+    by_version = {i: 1 + i % 3 for i in records}  # the three producers interleaved
+    values = []
+    for i, record in records.items():
+        if by_version[i] == 1:
+            values.append(v1(name, record))
+        elif by_version[i] == 2:
+            values.append(v2(name, {**record, **full}))
+        else:
+            values.append(v3(name, {k: v for k, v in {**record, **full}.items() if k != "amount"}))
+    sent = produce.send(name, values)
+    source = KafkaSource(
+        broker.bootstrap,
+        topics=[name],
+        format="avro",
+        schema_registry=registry.url,
+        reader_schema={"version": 2},
+        read_timeout_s=5.0,
+    )
+    pipeline = Pipeline("p", tmp_path, source, layouts={output: OutputLayout(schema_evolution=mode)})
+    _step_until(pipeline, name, sent[-1][2] + 1)  # no field is new: `fail` lands it all
+
+    rows, errors = _tables(tmp_path, output)
+    assert not errors and sorted(rows) == [o for _, _, o in sent]
+    for (_, _, offset), (i, record) in zip(sent, records.items(), strict=True):
+        row, version = rows[offset], by_version[i]
+        assert (row["id"], row["customer"]) == (i, record["customer"])
+        assert row["amount"] == (-1.0 if version == 3 else record["amount"])  # removed in version 3
+        assert row["color"] == ("none" if version == 1 else "red")  # added in version 2
+        assert (row["qty"], row["tag"]) == ((7, b"\xff\x01") if version == 1 else (2, b"t"))
+        assert row["since"].timestamp() == (0.005 if version == 2 else 1.0)
+        assert row.get("_rescued") is None
+    columns = replay(Lake.at(tmp_path).output_path("p", output)).column_names
+    assert [c for c in columns if not c.startswith("_")] == [f["name"] for f in READER_V2["fields"]]
 
 
 def test_a_registry_outage_stalls_the_pipeline_and_it_resumes_exactly(broker, topic, produce, registry, tmp_path):
