@@ -68,8 +68,10 @@ JSON_V1 = {
 JSON_V2 = {**JSON_V1, "properties": {**JSON_V1["properties"], "color": {"type": "string"}}}
 
 
-def client(url: str, username: str | None = None, password: str | None = None) -> SchemaRegistryClient:
-    config: dict[str, Any] = {"url": url}
+def client(url: str, username: str | None = None, password: str | None = None, **ssl: str) -> SchemaRegistryClient:
+    """The producer's client; ``ssl`` are its ``ssl.*`` settings with ``_`` for ``.``
+    (``ca_location = ...``)."""
+    config: dict[str, Any] = {"url": url, **{f"ssl.{k.replace('_', '.')}": v for k, v in ssl.items()}}
     if username is not None:
         config["basic.auth.user.info"] = f"{username}:{password}"
     return SchemaRegistryClient(config)

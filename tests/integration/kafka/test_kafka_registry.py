@@ -47,6 +47,7 @@ from tests.registry_payloads import (
     order_message,
     protobuf_serializer,
 )
+from tests.tls import make_authority
 
 pytestmark = pytest.mark.kafka
 
@@ -389,3 +390,79 @@ def test_registry_keys_land_as_struct_columns_next_to_their_values(broker, topic
     expected = [{"sku": f"k{i}", "qty": i} for i in range(19)] + [None]
     assert [rows[o]["line"] for _, _, o in sent] == expected
     assert [rows[o]["id"] for _, _, o in sent] == list(range(20))
+
+
+TLS_PASSWORD_ENV = "RECLOCK_TEST_REGISTRY_KEY_PASSWORD"
+
+
+def test_a_pipeline_reads_through_a_registry_over_mutual_tls(broker, topic, produce, tmp_path, caplog, monkeypatch):
+    ours = make_authority(tmp_path / "pki", key_password=SECRET)
+    monkeypatch.setenv(TLS_PASSWORD_ENV, SECRET)
+    caplog.set_level(logging.DEBUG)
+    tls = {
+        "ca_location": str(ours.ca),
+        "certificate_location": str(ours.client_cert),
+        "key_location": str(ours.client_key),
+    }
+    with RegistryStandIn(tls=(ours.server_cert, ours.server_key), client_ca=ours.ca) as registry:
+        name = topic()
+        serialize = avro_serializer(client(registry.url, key_password=SECRET, **tls), AVRO_V1)
+        sent = produce.send(name, [serialize(name, _avro_record(i)) for i in range(20)])
+        pipeline_name, lake = "tls", tmp_path / "lake"
+        config = write_config(
+            tmp_path / "p.toml",
+            pipeline={"name": pipeline_name, "lake": str(lake), "engine": "local", "batch_interval": 0.1},
+            source={
+                "kind": "kafka",
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [name],
+                "format": "avro",
+                "read_timeout_s": 5.0,
+                "schema_registry": {"url": registry.url, **tls, "key_password": f"${{{TLS_PASSWORD_ENV}}}"},
+                "reader_schema": {"version": 1},
+            },
+        )
+        lifecycle.create(load_config(config))
+        _run_until(lake, pipeline_name, name, sent[-1][2] + 1)
+    rows = replay(Lake.at(lake).output_path(pipeline_name, output_name_for(name))).rows()
+    assert sorted(r["_offset"] for r in rows) == [o for _, _, o in sent]
+    assert sorted(r["id"] for r in rows) == list(range(20))
+    assert SECRET not in Lake.at(lake).definition_path(pipeline_name).read_text()
+    assert SECRET not in Lake.at(lake).status_path(pipeline_name).read_text() and SECRET not in caplog.text
+
+
+def test_a_registry_whose_certificate_is_not_trusted_stalls_the_pipeline_naming_it(broker, topic, produce, tmp_path):
+    ours, stranger = make_authority(tmp_path / "pki"), make_authority(tmp_path / "pki", "stranger")
+    with RegistryStandIn(tls=(ours.server_cert, ours.server_key)) as registry:
+        name = topic()
+        serialize = avro_serializer(client(registry.url, ca_location=str(ours.ca)), AVRO_V1)
+        produce.send(name, [serialize(name, _avro_record(i)) for i in range(5)])
+        source = KafkaSource(
+            broker.bootstrap,
+            topics=[name],
+            format="avro",
+            schema={"id": "int64"},
+            schema_registry={"url": registry.url, "ca_location": str(stranger.ca), "timeout_s": 2},
+            read_timeout_s=5.0,
+        )
+        settings = Settings(batch_interval=0.05, retry_backoff=0.1, max_backoff=0.3)
+        pipeline = Pipeline("p", tmp_path, source, settings=settings)
+        healths: list[Health] = []
+        stop = threading.Event()
+        runner = threading.Thread(
+            target=pipeline.run, kwargs={"stop": stop, "on_health": lambda p: healths.append(p.health)}
+        )
+        runner.start()
+        try:
+            deadline = time.monotonic() + 30
+            while Health.STALLED not in healths:
+                assert time.monotonic() < deadline, healths
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            runner.join(timeout=60)
+    error = pipeline.last_error or ""
+    assert f"schema registry {registry.url}: TLS handshake failed" in error, error
+    assert "schema_registry.ca_location" in error
+    rows, errors = _tables(tmp_path, output_name_for(name))
+    assert not rows and not errors  # nothing decoded with a schema it could not fetch
