@@ -70,7 +70,7 @@ class RegistrySettings:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     timeout_s: float = 10.0
-    #: PEM file of the CAs that sign the registry's certificate (default: the system's and certifi's).
+    #: PEM file of the CAs that sign the registry's certificate (default: the client's, certifi's).
     ca_location: str | None = None
     #: PEM files of a client certificate and its key, for a registry that asks for one (mutual TLS).
     certificate_location: str | None = None

@@ -140,7 +140,8 @@ def _source(broker, registry: RegistryStandIn, stream: Stream) -> KafkaSource:
 
 
 def _send_mixed(produce, stream: Stream) -> tuple[dict[int, int], dict[int, str]]:
-    """Version-1 records, then version-2 records with three bad ones among them; returns
+    """Version-1 records, then version-2 records with three bad ones among them (four for JSON:
+    one that does not validate); returns
     ``{offset: record number}`` of the good ones and ``{offset: kind}`` of the bad ones."""
     first = produce.send(stream.topic, [stream.v1(i) for i in range(V1_RECORDS)])
     good = {offset: i for i, (_, _, offset) in enumerate(first)}
@@ -151,8 +152,10 @@ def _send_mixed(produce, stream: Stream) -> tuple[dict[int, int], dict[int, str]
         12: framed + b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a payload its schema cannot read
         20: b"not framed at all",
     }
-    later = produce.send(stream.topic, [bad.get(i, v) for i, v in enumerate(values)])
     kinds = {5: "unknown_schema", 12: "decode", 20: "decode"}
+    if stream.format == "json":  # parses, and converts to the columns, but breaks `required`
+        bad[25], kinds[25] = framed + b'{"customer": "no id", "amount": 1.5}', "schema_mismatch"
+    later = produce.send(stream.topic, [bad.get(i, v) for i, v in enumerate(values)])
     faults = {}
     for i, (_, _, offset) in enumerate(later):
         if i in bad:
