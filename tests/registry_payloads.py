@@ -35,6 +35,26 @@ AVRO_V1 = {
 }
 AVRO_V2 = {**AVRO_V1, "fields": [*AVRO_V1["fields"], {"name": "color", "type": ["null", "string"], "default": None}]}
 
+#: A reader schema whose fields declare defaults: ``amount``, ``note``, and fields version 1 does
+#: not have (``color``, ``qty``, ``tag``, ``since``); Avro's schema resolution fills them in.
+READER_V2 = {
+    **AVRO_V1,
+    "fields": [
+        {"name": "id", "type": "long"},
+        {"name": "customer", "type": "string"},
+        {"name": "amount", "type": "double", "default": -1.0},
+        {"name": "placed_at", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "note", "type": ["null", "string"], "default": None},
+        {"name": "color", "type": "string", "default": "none"},
+        {"name": "qty", "type": ["int", "null"], "default": 7},
+        {"name": "tag", "type": "bytes", "default": "\u00ff\u0001"},
+        {"name": "since", "type": {"type": "long", "logicalType": "timestamp-millis"}, "default": 1_000},
+    ],
+}
+#: Version 3 removes ``amount`` and ``since``: the reader's defaults stand in for them.
+WRITER_V3 = {**AVRO_V1, "fields": [f for f in READER_V2["fields"] if f["name"] not in ("amount", "since")]}
+
+
 JSON_V1 = {
     "type": "object",
     "properties": {
@@ -48,8 +68,10 @@ JSON_V1 = {
 JSON_V2 = {**JSON_V1, "properties": {**JSON_V1["properties"], "color": {"type": "string"}}}
 
 
-def client(url: str, username: str | None = None, password: str | None = None) -> SchemaRegistryClient:
-    config: dict[str, Any] = {"url": url}
+def client(url: str, username: str | None = None, password: str | None = None, **ssl: str) -> SchemaRegistryClient:
+    """The producer's client; ``ssl`` are its ``ssl.*`` settings with ``_`` for ``.``
+    (``ca_location = ...``)."""
+    config: dict[str, Any] = {"url": url, **{f"ssl.{k.replace('_', '.')}": v for k, v in ssl.items()}}
     if username is not None:
         config["basic.auth.user.info"] = f"{username}:{password}"
     return SchemaRegistryClient(config)
@@ -60,8 +82,12 @@ def avro_serializer(registry: SchemaRegistryClient, schema: dict) -> Callable[[s
     return lambda topic, record: serializer(record, SerializationContext(topic, MessageField.VALUE))
 
 
-def json_serializer(registry: SchemaRegistryClient, schema: dict) -> Callable[[str, dict], bytes]:
-    serializer = JSONSerializer(json.dumps(schema), registry)
+def json_serializer(
+    registry: SchemaRegistryClient, schema: dict, *, validate: bool = True
+) -> Callable[[str, dict], bytes]:
+    """``validate = False``: a producer that skips validation (confluent-kafka's ``validate``
+    setting), so its bytes may not match the schema they name."""
+    serializer = JSONSerializer(json.dumps(schema), registry, conf={"validate": validate})
     return lambda topic, record: serializer(record, SerializationContext(topic, MessageField.VALUE))
 
 

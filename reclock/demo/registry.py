@@ -13,6 +13,10 @@ thread of the calling process):
   (``latest`` too);
 * ``GET|PUT /config`` and ``/config/{subject}`` (compatibility is recorded, never enforced).
 
+With ``tls = (certificate file, key file)`` it serves HTTPS (:attr:`RegistryStandIn.url` is then
+``https://``), and with ``client_ca`` as well it requires a client certificate signed by that CA
+(mutual TLS), as a registry behind a TLS listener does.
+
 Errors answer as the real registry does: ``404`` with ``error_code`` 40401 (subject), 40402
 (version) or 40403 (schema), ``401`` without the configured basic-auth credentials.
 
@@ -27,9 +31,12 @@ import base64
 import json
 import re
 import socket
+import ssl
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -70,7 +77,21 @@ class RegistryStandIn:
     with ``401``. Use it as a context manager, or call :meth:`start` and :meth:`stop`.
     """
 
-    def __init__(self, *, username: str | None = None, password: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        tls: tuple[str | Path, str | Path] | None = None,
+        client_ca: str | Path | None = None,
+    ) -> None:
+        self._tls: ssl.SSLContext | None = None
+        if tls is not None:
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._tls.load_cert_chain(str(tls[0]), str(tls[1]))
+            if client_ca is not None:
+                self._tls.load_verify_locations(cafile=str(client_ca))
+                self._tls.verify_mode = ssl.CERT_REQUIRED
         self._schemas = _Schemas()
         self._auth = None
         if username is not None:
@@ -83,7 +104,7 @@ class RegistryStandIn:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self._tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -94,8 +115,10 @@ class RegistryStandIn:
         if self._server is not None:
             return self
         handler = type("_BoundHandler", (_Handler,), {"registry": self})
-        server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        server = _Server(("127.0.0.1", self.port), handler)
         server.daemon_threads = True
+        if self._tls is not None:  # the handshake runs in each request's own thread
+            server.socket = self._tls.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         thread = threading.Thread(target=server.serve_forever, name=f"registry-{self.port}", daemon=True)
         thread.start()
         self._server, self._thread = server, thread
@@ -120,6 +143,14 @@ class RegistryStandIn:
         self.stop()
 
 
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A refused TLS handshake (a client that does not trust us, or that we do not trust) is
+        the client's error to report; anything else is the stand-in's, printed."""
+        if not isinstance(sys.exc_info()[1], ssl.SSLError | ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class _Handler(BaseHTTPRequestHandler):
     registry: RegistryStandIn
     #: One request per connection: no kept-alive connection outlives :meth:`RegistryStandIn.stop`.
@@ -127,6 +158,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:  # the test's output stays quiet
         return
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(10)
+            self.request.do_handshake()  # a refused handshake ends this request's thread only
+        super().setup()
 
     def do_GET(self) -> None:
         self._serve("GET")

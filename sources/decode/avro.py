@@ -23,7 +23,15 @@ from reclock.sources.base import clip_message
 from reclock.sources.decode.result import DECODE, NO_ROWS, Decoded, RecordFault, empty_batch
 from reclock.sources.decode.unknown import UNKNOWN_FIELD, unknown_column
 
-__all__ = ["avro_json", "avro_to_arrow_schema", "decode_avro", "reading_schema", "rows_to_batch", "with_unknown_rows"]
+__all__ = [
+    "avro_json",
+    "avro_to_arrow_schema",
+    "decode_avro",
+    "reader_defaults",
+    "reading_schema",
+    "rows_to_batch",
+    "with_unknown_rows",
+]
 
 _CONFLUENT_HEADER = 5
 
@@ -51,6 +59,61 @@ def reading_schema(avro_schema: Any) -> Any:
     return fastavro.parse_schema(reading)
 
 
+def reader_defaults(reader: Any, schema: pa.Schema) -> tuple[tuple[str, Any], ...]:
+    """``(column, value)`` of each field of the record schema ``reader`` that declares a
+    ``default`` and is a column of ``schema``: what a datum holding that default decodes to, so it
+    lands as any value of its column would. Avro's schema resolution gives it to a datum whose
+    writer schema lacks the field. Raises ``ValueError`` when a default does not fit its column."""
+    import fastavro
+
+    reading = avro_json(reader)
+    if not _is_avro_record(reading):
+        return ()
+    for logical in _AVRO_RAW_LOGICAL:
+        reading = _strip_logical(reading, logical)
+    try:
+        expanded: Any = fastavro.parse_schema(reading, expand=True, _write_hint=False)
+    except Exception as exc:  # fastavro's SchemaParseException: a default of the wrong type, say
+        raise ValueError(f"{type(exc).__name__}: {exc}") from None
+    out = []
+    for f in expanded["fields"]:
+        if "default" not in f or f["name"] not in schema.names:
+            continue
+        single = fastavro.parse_schema(
+            {"type": "record", "name": "Default", "fields": [{"name": "v", "type": f["type"]}]}
+        )
+        buffer = io.BytesIO()
+        try:
+            fastavro.schemaless_writer(buffer, single, {"v": _default_datum(f["type"], f["default"])})
+            buffer.seek(0)
+            datum: Any = fastavro.schemaless_reader(buffer, single, None)
+            value = datum["v"]
+            pa.array([value], schema.field(f["name"]).type)
+        except Exception as exc:  # fastavro's and Arrow's many kinds: the default does not fit
+            raise ValueError(f"field {f['name']!r}: default {f['default']!r} does not fit its type: {exc}") from None
+        out.append((f["name"], value))
+    return tuple(out)
+
+
+def _default_datum(node: Any, value: Any) -> Any:
+    """A default as JSON (the schema's encoding) to a datum fastavro writes: bytes and fixed are
+    strings of code points 0-255, a union's default is of its first branch."""
+    if value is None:
+        return None
+    kind = node.get("type") if isinstance(node, Mapping) else node
+    if isinstance(node, list):
+        return _default_datum(node[0], value)
+    if kind in ("bytes", "fixed"):
+        return value.encode("latin-1")
+    if kind == "record":
+        return {f["name"]: _default_datum(f["type"], value[f["name"]]) for f in node["fields"] if f["name"] in value}
+    if kind == "array":
+        return [_default_datum(node["items"], v) for v in value]
+    if kind == "map":
+        return {k: _default_datum(node["values"], v) for k, v in value.items()}
+    return value
+
+
 def decode_avro(
     values: Sequence[bytes | None],
     parsed: Any,
@@ -60,13 +123,15 @@ def decode_avro(
     *,
     writers: Mapping[int, Any] | None = None,
     unknown_fields: bool = False,
+    defaults: Sequence[tuple[str, Any]] = (),
 ) -> Decoded:
     """Decode ``values`` with the :func:`reading_schema` ``parsed`` into ``schema``.
 
     A Confluent-framed value whose schema id is in ``writers`` is read with that writer schema
     instead (a producer's newer schema): its fields ``schema`` lacks are dropped, or, with
-    ``unknown_fields``, kept as JSON in :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`; fields it lacks
-    are null. Faults are appended to ``errors`` as they are found (a fail-fast list stops there).
+    ``unknown_fields``, kept as JSON in :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`; a field it
+    lacks takes its value from ``defaults`` (the reader's, see :func:`reader_defaults`), or is null.
+    Faults are appended to ``errors`` as they are found (a fail-fast list stops there).
     """
     import fastavro
 
@@ -96,6 +161,9 @@ def decode_avro(
         if fo.tell() != len(payload):
             errors.append((i, DECODE, f"invalid avro: {len(payload) - fo.tell()} trailing bytes after the datum"))
             continue
+        if defaults and isinstance(datum, dict):
+            for name, default in defaults:  # fastavro gives every field its writer has
+                datum.setdefault(name, default)
         rows.append({"value": datum} if wrap else datum)
         good.append(i)
     decoded = rows_to_batch(rows, good, schema, errors)

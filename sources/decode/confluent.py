@@ -16,8 +16,11 @@ output) a ``schema`` fault; a registry that does not answer fails the batch as a
 then retries the same batch). No row is ever decoded with a schema that is not its writer's.
 Step 3: each id's values are decoded with that writer schema into the output's schema: fields the
 output lacks are dropped, or kept as :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS` when the
-output evolves (``schema_evolution``); fields the writer lacks are null; a value that does not
-parse, or whose field does not convert to its column's type, is a ``decode`` fault.
+output evolves (``schema_evolution``); an Avro field the writer lacks takes the reader schema's
+default (Avro's schema resolution), any other is null; a value that does not
+parse, or whose field does not convert to its column's type, is a ``decode`` fault; a JSON payload
+that parses but does not validate against its writer schema is a ``schema_mismatch`` fault
+(:mod:`reclock.sources.decode.json_validation`).
 Step 4: the rows are put back in input order.
 
 Whether a value is good depends on it and its writer schema only, never on its batch, so a
@@ -85,6 +88,9 @@ class RegistryDecoder:
     registry: RegistrySettings
     #: Add :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS` (see :mod:`reclock.sources.decode.unknown`).
     unknown_fields: bool = False
+    #: Avro: ``(column, value)`` of the reader schema's field defaults, for datums whose writer
+    #: schema lacks the field (Avro's schema resolution; :func:`~reclock.sources.decode.avro.reader_defaults`).
+    defaults: tuple[tuple[str, Any], ...] = ()
     _readers: dict[int, _Reader | RecordFault] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -170,7 +176,7 @@ class RegistryDecoder:
             if self.format == "avro":
                 return self._avro(writer)
             if self.format == "json":
-                return self._json()
+                return self._json(writer)
             return self._protobuf(writer)
         except (ValueError, TypeError, KeyError) as exc:
             return (-1, SCHEMA, clip_message(f"schema id {writer.schema_id} cannot be read: {exc}"))
@@ -187,6 +193,10 @@ class RegistryDecoder:
         if plan is not None and self.unknown_fields and set(plan.names) - set(self.schema.names):
             plan = None  # new fields to keep: their JSON comes from the datum-by-datum path only
 
+        fields = parsed.get("fields", ()) if isinstance(parsed, dict) else ()
+        written = {f["name"] for f in fields}
+        missing = [(name, value) for name, value in self.defaults if name not in written]
+
         def read(values: Sequence[bytes], faults: list[RecordFault]) -> Decoded:
             if plan is not None:
                 body, sizes = _bodies(values)
@@ -194,18 +204,29 @@ class RegistryDecoder:
                 if batch is not None:
                     if self.unknown_fields:
                         batch = batch.append_column(UNKNOWN_FIELD, pa.nulls(batch.num_rows, pa.string()))
-                    return Decoded(batch, np.arange(len(values), dtype=np.int64), [])
-            return decode_avro(values, parsed, self.schema, True, faults, unknown_fields=self.unknown_fields)
+                    return _with_defaults(Decoded(batch, np.arange(len(values), dtype=np.int64), []), missing)
+            decoded = decode_avro(values, parsed, self.schema, True, faults, unknown_fields=self.unknown_fields)
+            return _with_defaults(decoded, missing)
 
         return read
 
-    def _json(self) -> _Reader:
+    def _json(self, writer: WriterSchema) -> _Reader:
+        from reclock.sources.decode.json_validation import JsonValidator
+
         inner = Decoder("json", self.schema, unknown_fields=self.unknown_fields)
+        validator = JsonValidator(writer.schema_id, json.loads(writer.text), json_references(self.registry, writer))
 
         def read(values: Sequence[bytes], faults: list[RecordFault]) -> Decoded:
-            decoded = inner.decode([v[_HEADER:] for v in values])
+            payloads = [v[_HEADER:] for v in values]
+            decoded = inner.decode(payloads)
+            invalid = validator.invalid([payloads[int(i)] for i in decoded.good])
             faults.extend(decoded.errors)
-            return decoded
+            if not invalid:
+                return decoded
+            keep = np.ones(len(decoded.good), bool)
+            keep[[i for i, _, _ in invalid]] = False
+            faults.extend((int(decoded.good[i]), kind, message) for i, kind, message in invalid)
+            return Decoded(decoded.batch.filter(pa.array(keep)), decoded.good[keep], decoded.errors)
 
         return read
 
@@ -256,6 +277,23 @@ def protobuf_files(settings: RegistrySettings, writer: WriterSchema) -> list[tup
     return out
 
 
+def json_references(settings: RegistrySettings, writer: WriterSchema) -> list[tuple[str, Any]]:
+    """Every JSON Schema ``writer`` references, at any depth, as ``(name, parsed schema)``."""
+    out: list[tuple[str, Any]] = []
+    seen: set[str] = set()
+
+    def add(schema: WriterSchema) -> None:
+        for name, subject, version in schema.references:
+            if name not in seen:
+                seen.add(name)
+                referenced = fetch_version(settings, subject, version)
+                add(referenced)
+                out.append((name, json.loads(referenced.text)))
+
+    add(writer)
+    return out
+
+
 _TOMBSTONE = -1
 _UNFRAMED = -2
 
@@ -295,6 +333,18 @@ def _bodies(values: Sequence[bytes]) -> tuple[bytes, np.ndarray]:
     return b"".join([v[_HEADER:] for v in values]), sizes
 
 
+def _with_defaults(decoded: Decoded, missing: list[tuple[str, Any]]) -> Decoded:
+    """``decoded`` (rows of one writer schema, no tombstone) with the reader's default in each
+    column its writer lacks."""
+    batch = decoded.batch
+    for name, value in missing:
+        at = batch.schema.get_field_index(name)
+        batch = batch.set_column(
+            at, batch.schema.field(at), pa.array([value] * batch.num_rows, batch.schema.field(at).type)
+        )
+    return Decoded(batch, decoded.good, decoded.errors)
+
+
 def _nulls(schema: pa.Schema, n: int) -> Decoded:
     batch = pa.RecordBatch.from_arrays([pa.nulls(n, f.type) for f in schema], schema=schema)
     return Decoded(batch, np.arange(n, dtype=np.int64), [])
@@ -302,20 +352,22 @@ def _nulls(schema: pa.Schema, n: int) -> Decoded:
 
 def reader_columns(
     format: RegistryFormat, settings: RegistrySettings, subject: str, version: int, message: str | None = None
-) -> pa.Schema:
+) -> tuple[pa.Schema, tuple[tuple[str, Any], ...]]:
     """The output columns of a reader schema pinned in the registry (``subject`` at ``version``):
     an Avro record's fields, a Protobuf message's (``message``, by full name; the file's first by
-    default), a JSON Schema object's properties. Raises ``ValueError`` when it has no columns,
-    :class:`UnknownSchema` when the registry does not hold it."""
-    from reclock.sources.decode.avro import avro_to_arrow_schema
+    default), a JSON Schema object's properties; and for Avro the fields' defaults (see
+    :func:`~reclock.sources.decode.avro.reader_defaults`). Raises ``ValueError`` when it has no
+    columns or a default does not fit, :class:`UnknownSchema` when the registry does not hold it."""
+    from reclock.sources.decode.avro import avro_to_arrow_schema, reader_defaults
 
     reader = fetch_version(settings, subject, version, serialized=format == "protobuf")
     if reader.schema_type != _TYPES[format]:
         raise ValueError(f"{subject} version {version} is a {reader.schema_type} schema, not {format}")
     if format == "avro":
-        return avro_to_arrow_schema(json.loads(reader.text))
+        columns = avro_to_arrow_schema(json.loads(reader.text))
+        return columns, reader_defaults(reader.text, columns)
     if format == "json":
-        return json_schema_columns(json.loads(reader.text))
+        return json_schema_columns(json.loads(reader.text)), ()
     from reclock.sources.decode.protobuf import message_classes, proto_to_arrow_schema
 
     file = message_classes(protobuf_files(settings, reader))((0,)).DESCRIPTOR.file
@@ -326,7 +378,7 @@ def reader_columns(
         descriptor = file.pool.FindMessageTypeByName(message or names[0])
     except KeyError:
         raise ValueError(f"no message {message!r} in the schema (it has {', '.join(names)})") from None
-    return proto_to_arrow_schema(descriptor)
+    return proto_to_arrow_schema(descriptor), ()
 
 
 _JSON_SCALARS = {"integer": pa.int64(), "number": pa.float64(), "string": pa.string(), "boolean": pa.bool_()}

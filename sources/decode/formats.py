@@ -61,6 +61,9 @@ class Decoder:
     #: Later writer schemas of Confluent-framed Avro values, by schema id: a datum is read with
     #: its own writer's schema, so fields a newer writer added are seen (and kept, see below).
     avro_writer_schemas: tuple[tuple[int, Any], ...] = ()
+    #: ``avro_schema``'s field defaults, for datums whose writer lacks the field (Avro's schema
+    #: resolution; :func:`~reclock.sources.decode.avro.reader_defaults`).
+    avro_defaults: tuple[tuple[str, Any], ...] = ()
     #: Add :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`: each value's fields the schema lacks, as JSON
     #: (schema evolution; JSON objects' other keys, Avro writer fields the reader schema lacks).
     unknown_fields: bool = False
@@ -252,6 +255,7 @@ class Decoder:
             errors,
             writers=self._avro_writers,
             unknown_fields=self.unknown_fields,
+            defaults=self.avro_defaults,
         )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from reclock.sources.decode.avro import avro_json, avro_to_arrow_schema
+from reclock.sources.decode.avro import avro_json, avro_to_arrow_schema, reader_defaults
 from reclock.sources.decode.confluent import REGISTRY_FORMATS, RegistryDecoder, reader_columns
 from reclock.sources.decode.formats import FORMATS, Decoder
 from reclock.sources.decode.registry import RegistryUnavailable, UnknownSchema, check_registry
@@ -74,12 +74,17 @@ def make_decoder(
         raise ConfigError(f"{field}.avro_schema", f"invalid Avro schema: {exc}") from exc
     derived = avro_to_arrow_schema(parsed, field=f"{field}.avro_schema")
     writers = _writer_schemas(avro_writer_schemas, bool(confluent), f"{field}.avro_writer_schemas")
+    try:
+        defaults = reader_defaults(parsed, schema if schema is not None else derived) if writers else ()
+    except ValueError as exc:
+        raise ConfigError(f"{field}.avro_schema", str(exc)) from None
     return Decoder(
         "avro",
         schema if schema is not None else derived,
         avro_schema=parsed,
         confluent=bool(confluent),
         avro_writer_schemas=writers,
+        avro_defaults=defaults,
     )
 
 
@@ -108,6 +113,7 @@ def make_registry_decoder(
         raise ConfigError(f"{field}.format", f"with schema_registry, format is one of {', '.join(REGISTRY_FORMATS)}")
     settings = check_registry(schema_registry, f"{field}.schema_registry")
     columns = as_schema(schema, field=f"{field}.schema")
+    defaults: tuple[tuple[str, Any], ...] = ()
     if columns is None:
         where = f"{field}.{reader_field}"
         if not isinstance(reader_schema, Mapping):
@@ -125,7 +131,7 @@ def make_registry_decoder(
         if message is not None and (format != "protobuf" or not isinstance(message, str)):
             raise ConfigError(f"{where}.message", "a Protobuf message's full name, for format 'protobuf' only")
         try:
-            columns = reader_columns(format, settings, subject, version, message)  # type: ignore[arg-type]
+            columns, defaults = reader_columns(format, settings, subject, version, message)  # type: ignore[arg-type]
         except RegistryUnavailable as exc:
             raise ConfigError(where, f"cannot read {subject} version {version}: {exc}") from None
         except UnknownSchema as exc:
@@ -134,7 +140,7 @@ def make_registry_decoder(
             raise ConfigError(where, f"{subject} version {version}: {exc}") from None
     if len(columns) == 0:
         raise ConfigError(f"{field}.schema", "needs at least one column")
-    return RegistryDecoder(format, columns, settings)  # type: ignore[arg-type]
+    return RegistryDecoder(format, columns, settings, defaults=defaults)  # type: ignore[arg-type]
 
 
 def _writer_schemas(writers: Mapping[Any, Any] | None, confluent: bool, field: str) -> tuple[tuple[int, Any], ...]:

@@ -8,11 +8,13 @@ schema it fetched) and sorts what can go wrong into the three kinds of failure:
 * the registry answers that the id does not exist (HTTP 404): :class:`UnknownSchema`, a value
   the caller turns into an ``_errors`` row of each record that names it (bad data: a schema id is
   immutable once issued, so the verdict is the same on every replay);
-* the registry does not answer, answers 5xx or 429, or refuses the credentials:
+* the registry does not answer, answers 5xx or 429, refuses the credentials, or its TLS
+  handshake fails (a certificate ``ca_location`` does not sign, a client certificate it wants):
   :class:`RegistryUnavailable`, a :class:`~reclock.errors.TransientError`. The batch fails whole
   and is retried: the pipeline stalls until the registry is back, and never lands a row it could
   not decode with the right schema;
-* a bad setting: :class:`~reclock.errors.ConfigError` at definition, naming the field.
+* a bad setting: :class:`~reclock.errors.ConfigError` at definition, naming the field (the TLS
+  files are loaded then, as the client will load them).
 
 Settings travel to Spark executors inside the pickled decoder; the client does not (it holds
 sockets and threads): each process makes its own, once per settings, on first use.
@@ -20,6 +22,7 @@ sockets and threads): each process makes its own, once per settings, on first us
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,7 +40,16 @@ __all__ = [
     "fetch_version",
 ]
 
-_KEYS = ("url", "username", "password", "timeout_s")
+_KEYS = (
+    "url",
+    "username",
+    "password",
+    "timeout_s",
+    "ca_location",
+    "certificate_location",
+    "key_location",
+    "key_password",
+)
 
 
 class RegistryUnavailable(TransientError):
@@ -52,12 +64,18 @@ class UnknownSchema(Exception):
 
 @dataclass(frozen=True)
 class RegistrySettings:
-    """Where the registry is and how to authenticate; the password never shows in a repr."""
+    """Where the registry is and how to authenticate; the passwords never show in a repr."""
 
     url: str
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     timeout_s: float = 10.0
+    #: PEM file of the CAs that sign the registry's certificate (default: the client's, certifi's).
+    ca_location: str | None = None
+    #: PEM files of a client certificate and its key, for a registry that asks for one (mutual TLS).
+    certificate_location: str | None = None
+    key_location: str | None = None
+    key_password: str | None = field(default=None, repr=False)
 
     def client_config(self) -> dict[str, Any]:
         """confluent-kafka's ``SchemaRegistryClient`` configuration. One quick retry: an outage
@@ -71,6 +89,14 @@ class RegistrySettings:
         }
         if self.username is not None:
             config["basic.auth.user.info"] = f"{self.username}:{self.password or ''}"
+        for key, value in (
+            ("ssl.ca.location", self.ca_location),
+            ("ssl.certificate.location", self.certificate_location),
+            ("ssl.key.location", self.key_location),
+            ("ssl.key.password", self.key_password),
+        ):
+            if value is not None:
+                config[key] = value
         return config
 
 
@@ -110,7 +136,67 @@ def check_registry(value: Any, where: str) -> RegistrySettings:
     timeout = value.get("timeout_s", 10.0)
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
         raise ConfigError(f"{where}.timeout_s", "must be a number of seconds > 0")
-    return RegistrySettings(url, username, password, float(timeout))
+    tls = _check_tls(value, url, where)
+    return RegistrySettings(url, username, password, float(timeout), **tls)
+
+
+def _check_tls(value: Mapping[str, Any], url: str, where: str) -> dict[str, str | None]:
+    """The TLS options checked by loading them as the client will: a file that is missing, not
+    PEM, or a key that does not open is an error naming its option, at definition."""
+    import ssl
+
+    tls = {k: value.get(k) for k in ("ca_location", "certificate_location", "key_location", "key_password")}
+    for key, path in tls.items():
+        if path is not None and (not isinstance(path, str) or not path):
+            raise ConfigError(
+                f"{where}.{key}",
+                "must be a non-empty string" + (" (not shown)" if key == "key_password" else " (a PEM file)"),
+            )
+    if any(v is not None for v in tls.values()) and not all(u.strip().startswith("https://") for u in url.split(",")):
+        set_key = next(k for k, v in tls.items() if v is not None)
+        raise ConfigError(f"{where}.{set_key}", "needs an https:// url")
+    for key in ("ca_location", "certificate_location", "key_location"):
+        path = tls[key]
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{where}.{key}", f"no such file: {path}")
+    if tls["certificate_location"] is None:
+        for key in ("key_location", "key_password"):
+            if tls[key] is not None:
+                raise ConfigError(f"{where}.{key}", "needs certificate_location (the client certificate)")
+    if tls["ca_location"] is not None:
+        try:
+            ssl.create_default_context(cafile=tls["ca_location"])
+        except (ssl.SSLError, ValueError) as exc:
+            raise ConfigError(f"{where}.ca_location", f"not a PEM file of CA certificates: {exc}") from None
+    if tls["certificate_location"] is not None:
+        _check_client_certificate(tls, where)
+    return tls
+
+
+def _check_client_certificate(tls: dict[str, Any], where: str) -> None:
+    """The client certificate, its key and the key's password load together; otherwise the
+    option at fault is named (OpenSSL's own message says only "PEM lib")."""
+    import ssl
+
+    cert, key, password = tls["certificate_location"], tls["key_location"], tls["key_password"]
+    key_field = "key_location" if key is not None else "certificate_location"
+    with open(cert, "rb") as file:
+        if b"-----BEGIN CERTIFICATE-----" not in file.read():
+            raise ConfigError(f"{where}.certificate_location", "holds no PEM certificate")
+    with open(key or cert, "rb") as file:
+        key_text = file.read()
+    if b"PRIVATE KEY-----" not in key_text:
+        raise ConfigError(f"{where}.{key_field}", "holds no PEM private key")
+    if password is None and (b"ENCRYPTED PRIVATE KEY" in key_text or b"Proc-Type: 4,ENCRYPTED" in key_text):
+        raise ConfigError(f"{where}.key_password", "needed: the private key is encrypted")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key, password or "")
+    except (ssl.SSLError, ValueError) as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc):
+            raise ConfigError(f"{where}.{key_field}", "is not the key of certificate_location") from None
+        if password is not None:
+            raise ConfigError(f"{where}.key_password", "does not open the private key (not shown)") from None
+        raise ConfigError(f"{where}.{key_field}", f"the private key does not load: {exc}") from None
 
 
 def fetch_schema(settings: RegistrySettings, schema_id: int, *, serialized: bool = False) -> WriterSchema:
@@ -152,7 +238,28 @@ def _call(settings: RegistrySettings, request: Any) -> Any:
             f"schema registry {_where(settings)} answered HTTP {status}: {exc.error_message}"
         ) from None
     except Exception as exc:  # httpx's transport errors, timeouts, a refused connection
+        tls = _tls_failure(exc)
+        if tls is not None:
+            raise RegistryUnavailable(f"schema registry {_where(settings)}: TLS handshake failed: {tls}") from None
         raise RegistryUnavailable(f"schema registry {_where(settings)} unreachable: {type(exc).__name__}") from None
+
+
+def _tls_failure(exc: BaseException) -> str | None:
+    """What a refused TLS handshake says, and which setting to check; ``None`` for other errors."""
+    import ssl
+
+    seen: BaseException | None = exc
+    while seen is not None and not isinstance(seen, ssl.SSLError):
+        seen = seen.__cause__ or seen.__context__
+    if seen is None:
+        return None
+    if isinstance(seen, ssl.SSLCertVerificationError):
+        return (
+            f"the registry's certificate is not trusted ({seen.verify_message}); check "
+            "schema_registry.ca_location (the CA that signs the registry's certificate)"
+        )
+    reason = seen.reason or str(seen)
+    return f"{reason}; check schema_registry.certificate_location and key_location (a client certificate)"
 
 
 def _where(settings: RegistrySettings) -> str:

@@ -227,6 +227,32 @@ def test_avro_confluent_framing_is_stripped_and_required():
     assert all("Confluent" in m for _, _, m in out.errors)
 
 
+def test_a_field_an_older_writer_lacks_takes_the_avro_schemas_default():
+    reader = {
+        "type": "record",
+        "name": "R",
+        "fields": [
+            {"name": "id", "type": "long"},
+            {"name": "color", "type": "string", "default": "none"},
+            {"name": "n", "type": ["null", "long"], "default": None},
+        ],
+    }
+    old = {"type": "record", "name": "R", "fields": [{"name": "id", "type": "long"}]}
+    dec = make_decoder("avro", avro_schema=reader, confluent=True, avro_writer_schemas={"2": old})
+
+    def framed(schema: dict, schema_id: int, record: dict) -> bytes:
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, fastavro.parse_schema(schema), record)
+        return b"\x00" + struct.pack(">I", schema_id) + buffer.getvalue()
+
+    out = dec.decode([framed(old, 2, {"id": 1}), framed(reader, 1, {"id": 2, "color": "red", "n": 3}), None])
+    assert out.batch.to_pylist() == [
+        {"id": 1, "color": "none", "n": None},
+        {"id": 2, "color": "red", "n": 3},
+        {"id": None, "color": None, "n": None},
+    ]
+
+
 def test_avro_primitive_schema_decodes_into_value_column():
     dec = make_decoder("avro", avro_schema='"string"')
     out = dec.decode([_avro("hi", "string")])  # type: ignore[arg-type]

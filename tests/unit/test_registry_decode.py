@@ -17,6 +17,7 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
+from confluent_kafka.schema_registry import Schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,6 +33,8 @@ from tests.registry_payloads import (
     AVRO_V2,
     JSON_V1,
     JSON_V2,
+    READER_V2,
+    WRITER_V3,
     avro_serializer,
     client,
     expected_order,
@@ -342,3 +345,39 @@ def test_registry_keys_land_as_a_struct_column_and_a_bad_key_is_its_records_faul
     assert out["kt"].column("id").to_pylist() == [0, 1, 2, 3]
     errors = out[ERRORS].to_pylist()
     assert [(e["_offset"], e["kind"]) for e in errors] == [(4, "decode")] and errors[0]["message"].startswith("key: ")
+
+
+# -- Avro schema resolution: the reader's defaults -------------------------------------------------
+
+
+def test_a_field_its_writer_lacks_takes_the_reader_schemas_default_on_either_path(registry):
+    reg = client(registry.url)
+    v1, v2, v3 = (avro_serializer(reg, s) for s in (AVRO_V1, READER_V2, WRITER_V3))
+    full = {"color": "red", "qty": 2, "tag": b"t", "since": 5}
+    values = [v1("rd", _record(i)) for i in range(3)] + [v2("rd", {**_record(3), **full})]
+    values += [v3("rd", {k: v for k, v in {**_record(4), **full}.items() if k != "amount"}), None]
+    decoder = make_registry_decoder(
+        "avro", None, schema_registry=registry.url, reader_schema={"version": 2}, default_subject="rd-value"
+    )
+    assert decoder.schema.names == [f["name"] for f in READER_V2["fields"]]
+    broken = [*values[:2], values[2][:-1] + b"\xff\xff", *values[3:]]  # version 1 read datum by datum
+    for batch, bad in ((values, []), (Values.of(values), []), (broken, [2])):
+        decoded = decoder.decode(batch)
+        assert [i for i, _, _ in decoded.errors] == bad
+        rows = {int(i): row for i, row in zip(decoded.good, decoded.batch.to_pylist(), strict=True)}
+        for i in (0, 1, 2):
+            if i not in bad:
+                assert rows[i]["amount"] == i * 1.25 and (rows[i]["color"], rows[i]["qty"]) == ("none", 7)
+                assert rows[i]["tag"] == b"\xff\x01" and rows[i]["since"].timestamp() == 1.0
+        assert (rows[3]["color"], rows[3]["qty"], rows[3]["tag"], rows[3]["amount"]) == ("red", 2, b"t", 3.75)
+        assert (rows[4]["color"], rows[4]["amount"], rows[4]["since"].timestamp()) == ("red", -1.0, 1.0)
+        assert set(rows[5].values()) == {None}  # a tombstone is a row of nulls, defaults or not
+
+
+def test_a_reader_default_that_does_not_fit_its_field_is_a_config_error(registry):
+    bad = {**AVRO_V1, "name": "Bad", "fields": [{"name": "n", "type": "long", "default": "seven"}]}
+    client(registry.url).register_schema("bad-value", Schema(json.dumps(bad), "AVRO"))
+    with pytest.raises(ConfigError, match=r"reader_schema: bad-value version 1: .*Default value <seven>"):
+        make_registry_decoder(
+            "avro", None, schema_registry=registry.url, reader_schema={"subject": "bad-value", "version": 1}
+        )

@@ -37,6 +37,8 @@ from tests.registry_payloads import (
     AVRO_V2,
     JSON_V1,
     JSON_V2,
+    READER_V2,
+    WRITER_V3,
     avro_serializer,
     client,
     expected_order,
@@ -45,6 +47,7 @@ from tests.registry_payloads import (
     order_message,
     protobuf_serializer,
 )
+from tests.tls import make_authority
 
 pytestmark = pytest.mark.kafka
 
@@ -137,7 +140,8 @@ def _source(broker, registry: RegistryStandIn, stream: Stream) -> KafkaSource:
 
 
 def _send_mixed(produce, stream: Stream) -> tuple[dict[int, int], dict[int, str]]:
-    """Version-1 records, then version-2 records with three bad ones among them; returns
+    """Version-1 records, then version-2 records with three bad ones among them (four for JSON:
+    one that does not validate); returns
     ``{offset: record number}`` of the good ones and ``{offset: kind}`` of the bad ones."""
     first = produce.send(stream.topic, [stream.v1(i) for i in range(V1_RECORDS)])
     good = {offset: i for i, (_, _, offset) in enumerate(first)}
@@ -148,8 +152,10 @@ def _send_mixed(produce, stream: Stream) -> tuple[dict[int, int], dict[int, str]
         12: framed + b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a payload its schema cannot read
         20: b"not framed at all",
     }
-    later = produce.send(stream.topic, [bad.get(i, v) for i, v in enumerate(values)])
     kinds = {5: "unknown_schema", 12: "decode", 20: "decode"}
+    if stream.format == "json":  # parses, and converts to the columns, but breaks `required`
+        bad[25], kinds[25] = framed + b'{"customer": "no id", "amount": 1.5}', "schema_mismatch"
+    later = produce.send(stream.topic, [bad.get(i, v) for i, v in enumerate(values)])
     faults = {}
     for i, (_, _, offset) in enumerate(later):
         if i in bad:
@@ -211,6 +217,51 @@ def test_under_fail_a_new_writer_field_stops_the_batch_then_add_lands_it_whole(
     rows, errors = _tables(tmp_path, output)
     assert not errors and sorted(rows) == sorted(o for _, _, o in first + later)
     assert [rows[o]["color"] for _, _, o in later] == ["blue", "red"]
+
+
+@pytest.mark.parametrize("mode", ["fail", "add", "rescue"])
+def test_fields_a_writer_lacks_land_as_the_reader_schemas_defaults_under_every_mode(
+    broker, topic, produce, registry, tmp_path, mode
+):
+    name = topic()
+    output = output_name_for(name)
+    reg = client(registry.url)
+    v1, v2, v3 = (avro_serializer(reg, s) for s in (AVRO_V1, READER_V2, WRITER_V3))  # versions 1, 2, 3
+    full = {"color": "red", "qty": 2, "tag": b"t", "since": 5}
+    records = {i: _avro_record(i) for i in range(30)}
+    by_version = {i: 1 + i % 3 for i in records}  # the three producers interleaved
+    values = []
+    for i, record in records.items():
+        if by_version[i] == 1:
+            values.append(v1(name, record))
+        elif by_version[i] == 2:
+            values.append(v2(name, {**record, **full}))
+        else:
+            values.append(v3(name, {k: v for k, v in {**record, **full}.items() if k != "amount"}))
+    sent = produce.send(name, values)
+    source = KafkaSource(
+        broker.bootstrap,
+        topics=[name],
+        format="avro",
+        schema_registry=registry.url,
+        reader_schema={"version": 2},
+        read_timeout_s=5.0,
+    )
+    pipeline = Pipeline("p", tmp_path, source, layouts={output: OutputLayout(schema_evolution=mode)})
+    _step_until(pipeline, name, sent[-1][2] + 1)  # no field is new: `fail` lands it all
+
+    rows, errors = _tables(tmp_path, output)
+    assert not errors and sorted(rows) == [o for _, _, o in sent]
+    for (_, _, offset), (i, record) in zip(sent, records.items(), strict=True):
+        row, version = rows[offset], by_version[i]
+        assert (row["id"], row["customer"]) == (i, record["customer"])
+        assert row["amount"] == (-1.0 if version == 3 else record["amount"])  # removed in version 3
+        assert row["color"] == ("none" if version == 1 else "red")  # added in version 2
+        assert (row["qty"], row["tag"]) == ((7, b"\xff\x01") if version == 1 else (2, b"t"))
+        assert row["since"].timestamp() == (0.005 if version == 2 else 1.0)
+        assert row.get("_rescued") is None
+    columns = replay(Lake.at(tmp_path).output_path("p", output)).column_names
+    assert [c for c in columns if not c.startswith("_")] == [f["name"] for f in READER_V2["fields"]]
 
 
 def test_a_registry_outage_stalls_the_pipeline_and_it_resumes_exactly(broker, topic, produce, registry, tmp_path):
@@ -342,3 +393,79 @@ def test_registry_keys_land_as_struct_columns_next_to_their_values(broker, topic
     expected = [{"sku": f"k{i}", "qty": i} for i in range(19)] + [None]
     assert [rows[o]["line"] for _, _, o in sent] == expected
     assert [rows[o]["id"] for _, _, o in sent] == list(range(20))
+
+
+TLS_PASSWORD_ENV = "RECLOCK_TEST_REGISTRY_KEY_PASSWORD"
+
+
+def test_a_pipeline_reads_through_a_registry_over_mutual_tls(broker, topic, produce, tmp_path, caplog, monkeypatch):
+    ours = make_authority(tmp_path / "pki", key_password=SECRET)
+    monkeypatch.setenv(TLS_PASSWORD_ENV, SECRET)
+    caplog.set_level(logging.DEBUG)
+    tls = {
+        "ca_location": str(ours.ca),
+        "certificate_location": str(ours.client_cert),
+        "key_location": str(ours.client_key),
+    }
+    with RegistryStandIn(tls=(ours.server_cert, ours.server_key), client_ca=ours.ca) as registry:
+        name = topic()
+        serialize = avro_serializer(client(registry.url, key_password=SECRET, **tls), AVRO_V1)
+        sent = produce.send(name, [serialize(name, _avro_record(i)) for i in range(20)])
+        pipeline_name, lake = "tls", tmp_path / "lake"
+        config = write_config(
+            tmp_path / "p.toml",
+            pipeline={"name": pipeline_name, "lake": str(lake), "engine": "local", "batch_interval": 0.1},
+            source={
+                "kind": "kafka",
+                "bootstrap_servers": broker.bootstrap,
+                "topics": [name],
+                "format": "avro",
+                "read_timeout_s": 5.0,
+                "schema_registry": {"url": registry.url, **tls, "key_password": f"${{{TLS_PASSWORD_ENV}}}"},
+                "reader_schema": {"version": 1},
+            },
+        )
+        lifecycle.create(load_config(config))
+        _run_until(lake, pipeline_name, name, sent[-1][2] + 1)
+    rows = replay(Lake.at(lake).output_path(pipeline_name, output_name_for(name))).rows()
+    assert sorted(r["_offset"] for r in rows) == [o for _, _, o in sent]
+    assert sorted(r["id"] for r in rows) == list(range(20))
+    assert SECRET not in Lake.at(lake).definition_path(pipeline_name).read_text()
+    assert SECRET not in Lake.at(lake).status_path(pipeline_name).read_text() and SECRET not in caplog.text
+
+
+def test_a_registry_whose_certificate_is_not_trusted_stalls_the_pipeline_naming_it(broker, topic, produce, tmp_path):
+    ours, stranger = make_authority(tmp_path / "pki"), make_authority(tmp_path / "pki", "stranger")
+    with RegistryStandIn(tls=(ours.server_cert, ours.server_key)) as registry:
+        name = topic()
+        serialize = avro_serializer(client(registry.url, ca_location=str(ours.ca)), AVRO_V1)
+        produce.send(name, [serialize(name, _avro_record(i)) for i in range(5)])
+        source = KafkaSource(
+            broker.bootstrap,
+            topics=[name],
+            format="avro",
+            schema={"id": "int64"},
+            schema_registry={"url": registry.url, "ca_location": str(stranger.ca), "timeout_s": 2},
+            read_timeout_s=5.0,
+        )
+        settings = Settings(batch_interval=0.05, retry_backoff=0.1, max_backoff=0.3)
+        pipeline = Pipeline("p", tmp_path, source, settings=settings)
+        healths: list[Health] = []
+        stop = threading.Event()
+        runner = threading.Thread(
+            target=pipeline.run, kwargs={"stop": stop, "on_health": lambda p: healths.append(p.health)}
+        )
+        runner.start()
+        try:
+            deadline = time.monotonic() + 30
+            while Health.STALLED not in healths:
+                assert time.monotonic() < deadline, healths
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            runner.join(timeout=60)
+    error = pipeline.last_error or ""
+    assert f"schema registry {registry.url}: TLS handshake failed" in error, error
+    assert "schema_registry.ca_location" in error
+    rows, errors = _tables(tmp_path, output_name_for(name))
+    assert not rows and not errors  # nothing decoded with a schema it could not fetch
