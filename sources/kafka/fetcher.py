@@ -293,9 +293,13 @@ class Fetcher:
             time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
 
 
-def fetch_request(asks: dict[Partition, tuple[int, int]], *, read_committed: bool = False) -> Any:
+def fetch_request(
+    asks: dict[Partition, tuple[int, int]], *, read_committed: bool = False, max_bytes: int = 64 << 20
+) -> Any:
     """A ``FetchRequest`` for ``{partition: (offset, max bytes)}``, no session; ``read_committed``
-    asks for isolation level 1 (records up to the last stable offset, aborted transactions listed)."""
+    asks for isolation level 1 (records up to the last stable offset, aborted transactions listed).
+    ``max_bytes`` caps the whole response (a broker still sends the first partition's first batch
+    whole, KIP-74, and every partition's ends)."""
     from kafka.protocol.consumer import FetchRequest
 
     topics: dict[str, list[Any]] = defaultdict(list)
@@ -312,7 +316,7 @@ def fetch_request(asks: dict[Partition, tuple[int, int]], *, read_committed: boo
     return FetchRequest(
         max_wait_ms=100,
         min_bytes=1,
-        max_bytes=64 << 20,
+        max_bytes=max_bytes,
         isolation_level=1 if read_committed else 0,
         session_id=0,
         session_epoch=-1,
@@ -331,7 +335,14 @@ def ends(
     ``positions`` (a partition's last known end: nothing to send back) in one request per leader.
     The end is the high watermark, or with ``read_committed`` the *last stable offset* of the
     same response (a Fetch v4+ field: where the earliest open transaction begins). Partitions
-    without a known leader or with an error are left out: the caller asks them another way."""
+    without a known leader or with an error are left out: the caller asks them another way.
+
+    The request caps its whole response at one byte: a broker then sends records of the first
+    partition only (one batch, KIP-74) and the ends of all. A partition's byte budget alone is
+    not enough: the broker sends the whole batch at the offset asked, and the offset a first
+    probe asks at lies in the partition's last batch, which on a topic of small partitions is
+    all of it. Without the cap, the first probe of a 1,000-partition topic read the whole topic
+    (0.73 s of Tansu's time against 0.01 s with it)."""
     from kafka import TopicPartition
 
     cluster = client._client.cluster
@@ -346,7 +357,7 @@ def ends(
     futures = [
         manager.call_soon(
             lambda asks=asks, leader=leader: manager.send(
-                fetch_request(asks, read_committed=read_committed), node_id=leader
+                fetch_request(asks, read_committed=read_committed, max_bytes=1), node_id=leader
             )
         )
         for leader, asks in by_leader.items()
