@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import closing, suppress
 from pathlib import Path
 
@@ -135,37 +136,58 @@ def _status(lake: Path) -> dict:
         return {}
 
 
-def _versions(path: Path) -> list[tuple[int, int | None, list[dict]]]:
-    """Every version of a Delta table: ``(version, label, rows)``, replayed from its JSON commits."""
+def _labels(path: Path) -> list[int]:
+    """The labels a Delta table's JSON commits carry."""
+    log = path / "_delta_log"
+    found = []
+    for name in sorted(p.name for p in log.iterdir() if _COMMIT.match(p.name)):
+        for line in (log / name).read_text().splitlines():
+            if '"txn"' in line and "txn" in (action := json.loads(line)):
+                found.append(int(action["txn"]["version"]))
+    return found
+
+
+def _versions(path: Path) -> Iterator[tuple[int | None, list[tuple[int, int, int]]]]:
+    """Every version of a Delta table in order, as ``(label, rows)`` with rows ``(id, balance,
+    _into_ts)``, replayed from its JSON commits: one version at a time, each data file read once
+    (the long lane's tables are 1,500 versions long)."""
     log = path / "_delta_log"
     versions = sorted(int(m.group(1)) for m in map(_COMMIT.match, (p.name for p in log.iterdir())) if m)
     assert versions == list(range(len(versions))), "the log has a gap"
-    files: dict[str, dict] = {}
+    live: dict[str, list[tuple[int, int, int]]] = {}
     label: int | None = None
-    out = []
     for version in versions:
         for line in (log / f"{version:020d}.json").read_text().splitlines():
             action = json.loads(line)
             if "add" in action:
-                files[action["add"]["path"]] = action["add"]
+                one = DeltaLog(path)
+                one.files, one.version = {action["add"]["path"]: action["add"]}, version
+                table = read_rows(one, ["id", "balance", "_into_ts"])
+                assert table is not None
+                live[action["add"]["path"]] = list(zip(*(c.to_pylist() for c in table.columns), strict=True))
             elif "remove" in action:
-                files.pop(action["remove"]["path"], None)
+                live.pop(action["remove"]["path"], None)
             elif "txn" in action:
                 label = int(action["txn"]["version"])
-        state = DeltaLog(path)
-        state.files = dict(files)
-        state.version = version
-        table = read_rows(state)
-        out.append((version, label, [] if table is None else table.to_pylist()))
-    return out
+        yield label, [row for rows in live.values() for row in rows]
 
 
-def _cut(versions: list[tuple[int, int | None, list[dict]]], at: int) -> dict[int, int]:
-    """A table as of ``at``: the first version whose label reaches it, rows stamped at or before."""
-    for _, label, rows in versions:
-        if label is not None and label >= at:
-            return {r["id"]: r["balance"] for r in rows if r["_into_ts"] <= at}
-    raise AssertionError(f"no version reaches {at}")
+class Cuts:
+    """A table as of ascending times ``at``: the first version whose label reaches ``at``, its
+    rows stamped at or before it. Versions are read forward once, as the times go up."""
+
+    def __init__(self, path: Path) -> None:
+        self.versions = _versions(path)
+        self.label: int | None = None
+        self.rows: list[tuple[int, int, int]] = []
+
+    def at(self, at: int) -> dict[int, int]:
+        while self.label is None or self.label < at:
+            try:
+                self.label, self.rows = next(self.versions)
+            except StopIteration:
+                raise AssertionError(f"no version reaches {at}") from None
+        return {key: balance for key, balance, into_ts in self.rows if into_ts <= at}
 
 
 class SlotWatch(threading.Thread):
@@ -349,18 +371,27 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
     assert not missing, f"{len(missing)} committed transfers not in pg_waldump's output"
     history = sorted((commits[xid], effects) for xid, effects in done)
 
-    def state_below(lsn: int) -> dict[str, dict[int, int]]:
-        tables = {t: dict.fromkeys(range(1, ACCOUNTS + 1), START) for t in ("checking", "savings")}
-        for commit_lsn, effects in history:
-            if commit_lsn >= lsn:
-                break
-            for table, key, delta in effects:
-                tables[table][key] = tables[table].get(key, 0) + delta
-        return tables
+    replayed = {"upto": 0, "next": 0, "tables": {}}
 
-    outputs = {t: _versions(lake / NAME / "outputs" / f"public_{t}") for t in ("checking", "savings")}
+    def state_below(lsn: int) -> dict[str, dict[int, int]]:
+        """The tables after every transfer committed below ``lsn``: replayed on from the last
+        call's point when ``lsn`` is not lower (labels come in order: the long lane's 1,500 cuts
+        would replay the whole history each otherwise)."""
+        if lsn < replayed["upto"] or not replayed["tables"]:
+            replayed["next"] = 0
+            replayed["tables"] = {t: dict.fromkeys(range(1, ACCOUNTS + 1), START) for t in ("checking", "savings")}
+        tables, i = replayed["tables"], replayed["next"]
+        while i < len(history) and history[i][0] < lsn:
+            for table, key, delta in history[i][1]:
+                tables[table][key] = tables[table].get(key, 0) + delta
+            i += 1
+        replayed["upto"], replayed["next"] = lsn, i
+        return {t: dict(rows) for t, rows in tables.items()}
+
+    paths = {t: lake / NAME / "outputs" / f"public_{t}" for t in ("checking", "savings")}
+    cuts = {t: Cuts(path) for t, path in paths.items()}
     remap = Remap.read(lake / NAME / "remap")
-    labels = sorted({label for versions in outputs.values() for _, label, _ in versions if label is not None})
+    labels = sorted({label for path in paths.values() for label in _labels(path)})
     assert len(labels) > 10
     checked = 0
     # The product's read_as_of at every label too, or, in the long lane's 1,500 labels, at 100
@@ -368,7 +399,7 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
     step = max(1, len(labels) // 100)
     products = set(labels[::step]) | {labels[-1]}
     for at in labels:
-        cut = {t: _cut(versions, at) for t, versions in outputs.items()}
+        cut = {t: table.at(at) for t, table in cuts.items()}
         assert sum(cut["checking"].values()) + sum(cut["savings"].values()) == TOTAL, at
         frontier = remap.frontier_at(at)[WAL]
         assert cut == state_below(frontier), f"the cut at {at} is not the database below LSN {frontier}"
@@ -387,10 +418,11 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
         assert cur.fetchone()[0] == TOTAL
         for t in ("checking", "savings"):
             cur.execute(f"SELECT id, balance FROM {t}")
-            assert dict(cur.fetchall()) == {r["id"]: r["balance"] for r in outputs[t][-1][2]}
+            final = read_rows(DeltaLog(paths[t]).refresh(), ["id", "balance"])
+            assert dict(cur.fetchall()) == dict(zip(*final.to_pydict().values(), strict=True))
     # The snapshot-only table: every row once.
-    snapshot_rows = _versions(lake / NAME / "outputs" / "public_history")[-1][2]
-    assert sorted(r["id"] for r in snapshot_rows) == list(range(1, HISTORY + 1))
+    snapshot_rows = read_rows(DeltaLog(lake / NAME / "outputs" / "public_history").refresh(), ["id"])
+    assert sorted(snapshot_rows.column("id").to_pylist()) == list(range(1, HISTORY + 1))
     assert in_snapshot >= 1, "no kill landed inside the snapshot's capture"
     # The slot never confirmed past a transfer the outputs did not hold, sampled while jobs ran.
     assert watch.failure is None, watch.failure
