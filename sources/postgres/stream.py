@@ -10,7 +10,12 @@ keepalive the reader asks for) with no transaction open. A transaction's changes
 only at its Commit, all at its commit LSN: a transaction is in a range whole or not at all.
 
 While it reads, the reader answers the server on a timer (``feedback_interval_s``: a standby
-status update, which confirms nothing) so that ``wal_sender_timeout`` never cuts a long read.
+status update) so that ``wal_sender_timeout`` never cuts a long read. The reader confirms
+nothing itself, but psycopg2 does: on a keepalive that came before any change on the connection,
+it takes the keepalive's position as flushed and reports it in the next update. The server sends
+a change before it moves that position past the change's commit, so the slot can only be
+confirmed over WAL without a change of the publication, which a replay of the range would not
+read either (docs/sources/postgres.md, "Offsets committed upstream").
 A read that sees no progress for ``read_timeout_s`` is a transient error: the batch is retried.
 """
 

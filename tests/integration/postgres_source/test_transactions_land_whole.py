@@ -14,11 +14,20 @@ first transfer. Then, read with the tests' own Delta log reader (``tests.faults.
 every batch label time ``T`` of either output: both tables as of ``T`` (the first version whose
 label reaches ``T``, rows with ``_into_ts <= T``) keep the total, and equal the state after every
 transfer whose commit LSN is below the frontier the remap table binds at ``T``; the product's
-``read_as_of`` agrees; the final tables equal the database's, row for row; and the slot's
-``confirmed_flush_lsn``, sampled while the jobs ran, never passed what every output held. A
-third table, ``history`` (200,000 rows, only in the snapshot), makes the capture long enough for
-the first two kills to land inside it (some chunks written, no manifest yet): it ends with every
-row once.
+``read_as_of`` agrees (at every ``T``; at 100 of the long lane's 1,500); the final tables equal
+the database's, row for row; and the slot's ``confirmed_flush_lsn``, sampled every 100 ms from a
+connection of the test's while the jobs ran and were killed, never passed a transfer the outputs
+did not hold (it may pass what their labels bind over WAL without any change of the published
+tables: a reader's keepalive confirms that, see docs/sources/postgres.md). A third table,
+``history`` (200,000 rows, only in the snapshot), makes the capture long; it ends with every row
+once.
+
+The first two kills land inside the snapshot's capture. The first by construction: before the
+job starts, the test puts a FIFO where the capture writes its manifest's temporary file, so the
+capture copies every chunk, closes the slot's exporting connection and then waits in ``open``
+for a reader that never comes; the test sees the slot created and no longer held
+(``pg_replication_slots``), the chunks written, no manifest, and kills then. The second at a
+random number of ``history``'s chunks.
 
 The short lane kills 4 times; ``--long`` (scripts/test --long) 24 times.
 """
@@ -33,7 +42,8 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, suppress
 from pathlib import Path
 
 import psycopg2
@@ -126,54 +136,90 @@ def _status(lake: Path) -> dict:
         return {}
 
 
-def _versions(path: Path) -> list[tuple[int, int | None, list[dict]]]:
-    """Every version of a Delta table: ``(version, label, rows)``, replayed from its JSON commits."""
+def _labels(path: Path) -> list[int]:
+    """The labels a Delta table's JSON commits carry."""
+    log = path / "_delta_log"
+    found = []
+    for name in sorted(p.name for p in log.iterdir() if _COMMIT.match(p.name)):
+        for line in (log / name).read_text().splitlines():
+            if '"txn"' in line and "txn" in (action := json.loads(line)):
+                found.append(int(action["txn"]["version"]))
+    return found
+
+
+def _versions(path: Path) -> Iterator[tuple[int | None, list[tuple[int, int, int]]]]:
+    """Every version of a Delta table in order, as ``(label, rows)`` with rows ``(id, balance,
+    _into_ts)``, replayed from its JSON commits: one version at a time, each data file read once
+    (the long lane's tables are 1,500 versions long)."""
     log = path / "_delta_log"
     versions = sorted(int(m.group(1)) for m in map(_COMMIT.match, (p.name for p in log.iterdir())) if m)
     assert versions == list(range(len(versions))), "the log has a gap"
-    files: dict[str, dict] = {}
+    live: dict[str, list[tuple[int, int, int]]] = {}
     label: int | None = None
-    out = []
     for version in versions:
         for line in (log / f"{version:020d}.json").read_text().splitlines():
             action = json.loads(line)
             if "add" in action:
-                files[action["add"]["path"]] = action["add"]
+                one = DeltaLog(path)
+                one.files, one.version = {action["add"]["path"]: action["add"]}, version
+                table = read_rows(one, ["id", "balance", "_into_ts"])
+                assert table is not None
+                live[action["add"]["path"]] = list(zip(*(c.to_pylist() for c in table.columns), strict=True))
             elif "remove" in action:
-                files.pop(action["remove"]["path"], None)
+                live.pop(action["remove"]["path"], None)
             elif "txn" in action:
                 label = int(action["txn"]["version"])
-        state = DeltaLog(path)
-        state.files = dict(files)
-        state.version = version
-        table = read_rows(state)
-        out.append((version, label, [] if table is None else table.to_pylist()))
-    return out
+        yield label, [row for rows in live.values() for row in rows]
 
 
-def _cut(versions: list[tuple[int, int | None, list[dict]]], at: int) -> dict[int, int]:
-    """A table as of ``at``: the first version whose label reaches it, rows stamped at or before."""
-    for _, label, rows in versions:
-        if label is not None and label >= at:
-            return {r["id"]: r["balance"] for r in rows if r["_into_ts"] <= at}
-    raise AssertionError(f"no version reaches {at}")
+class Cuts:
+    """A table as of ascending times ``at``: the first version whose label reaches ``at``, its
+    rows stamped at or before it. Versions are read forward once, as the times go up."""
+
+    def __init__(self, path: Path) -> None:
+        self.versions = _versions(path)
+        self.label: int | None = None
+        self.rows: list[tuple[int, int, int]] = []
+
+    def at(self, at: int) -> dict[int, int]:
+        while self.label is None or self.label < at:
+            try:
+                self.label, self.rows = next(self.versions)
+            except StopIteration:
+                raise AssertionError(f"no version reaches {at}") from None
+        return {key: balance for key, balance, into_ts in self.rows if into_ts <= at}
 
 
 class SlotWatch(threading.Thread):
-    """Samples the slot's confirmed_flush_lsn, then what every output holds (their labels)."""
+    """Samples the slot's confirmed_flush_lsn between two reads of what every output holds.
+
+    A sample is ``(when, confirmed, labels)``: ``labels`` read after ``confirmed`` bound what the
+    outputs held when it was read (the committer confirms only after the outputs commit, so a
+    label read before could be older than a confirmation it legitimately made). ``exact`` counts
+    the samples whose labels were the same before and after: for them the bound is exact.
+    """
+
+    OUTPUTS = ("public_checking", "public_savings", "public_history")
 
     def __init__(self, dsn: str, slot: str, lake: Path) -> None:
         super().__init__(daemon=True)
-        self.dsn, self.slot, self.lake = dsn, slot, lake
+        self.dsn, self.slot = dsn, slot
+        # Refreshed in place: a refresh parses only the commits it has not seen.
+        self.logs = {output: DeltaLog(lake / NAME / "outputs" / output) for output in self.OUTPUTS}
         self.stop = threading.Event()
-        self.samples: list[tuple[int, dict[str, int | None]]] = []
+        self.samples: list[tuple[float, int, dict[str, int | None]]] = []
+        self.exact = 0
         self.failure: BaseException | None = None
+
+    def _labels(self) -> dict[str, int | None]:
+        return {output: max(log.refresh().txns.values(), default=None) for output, log in self.logs.items()}
 
     def run(self) -> None:
         try:
             conn = psycopg2.connect(self.dsn)
             conn.autocommit = True
             while not self.stop.wait(0.1):
+                before = self._labels()
                 with conn.cursor() as cur:
                     cur.execute(
                         "SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = %s",
@@ -182,15 +228,30 @@ class SlotWatch(threading.Thread):
                     row = cur.fetchone()
                 if row is None or row[0] is None:
                     continue
-                labels = {}
-                for output in ("public_checking", "public_savings", "public_history"):
-                    path = self.lake / NAME / "outputs" / output
-                    log = DeltaLog(path).refresh() if (path / "_delta_log").is_dir() else None
-                    labels[output] = None if log is None else max(log.txns.values(), default=None)
-                self.samples.append((int(row[0]), labels))
+                after = self._labels()
+                self.exact += before == after
+                self.samples.append((time.monotonic(), int(row[0]), after))
             conn.close()
         except BaseException as exc:
             self.failure = exc
+
+
+def _slot_let_go(dsn: str, slot: str) -> bool:
+    """Whether ``slot`` exists and no connection holds it (the server's own ``pg_replication_slots``)."""
+    with closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+        row = cur.fetchone()
+        return row is not None and row[0]
+
+
+def _written_since(folder: Path, pattern: str, since: float) -> int:
+    """How many files matching ``pattern`` in ``folder`` were written after ``since`` (a capture
+    starting over removes the folder while this looks)."""
+    count = 0
+    for path in folder.glob(pattern):
+        with suppress(FileNotFoundError):
+            count += path.stat().st_mtime > since
+    return count
 
 
 @pytest.mark.usefixtures("reclock_processes")
@@ -242,26 +303,42 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
     rng = random.Random(22)
     in_snapshot = 0
     manifest = lake / NAME / "control" / "source" / "snapshot.json"
+    chunks = lake / NAME / "control" / "source" / "chunks"
+    killed_at = 0.0
     job = None
     try:
         for kill in range(kills):
+            if kill == 0:  # the capture will wait on a FIFO for its manifest: the kill lands inside it
+                manifest.parent.mkdir(parents=True, exist_ok=True)
+                os.mkfifo(manifest.with_name(manifest.name + ".tmp"))
             job = _start_job(lake, stderr)
-            if kill < 2:  # inside the snapshot's capture: some chunks written, the manifest not yet
-                chunks = lake / NAME / "control" / "source" / "chunks"
-                deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 120
+            if kill == 0:
+                while not _slot_let_go(dsn, "reclock_bank"):
+                    assert job.poll() is None, stderr.read_text()[-3000:]
+                    assert time.monotonic() < deadline, "the capture never finished copying"
+                    time.sleep(0.05)
+            elif kill == 1:  # at a random history chunk of this attempt (the first one left all of its own)
+                wanted = rng.randint(1, 40)
                 while not manifest.exists() and time.monotonic() < deadline:
-                    if chunks.is_dir() and len(list(chunks.iterdir())) > rng.randint(1, 20):
+                    if _written_since(chunks, "*-public_history.parquet", killed_at) >= wanted:
                         break
                     time.sleep(0.01)
             else:
-                deadline = time.monotonic() + 60
                 batches = _status(lake).get("batches", 0)
                 while _status(lake).get("batches", 0) <= batches and time.monotonic() < deadline:
                     time.sleep(0.05)
                 time.sleep(rng.uniform(0, 1.5))
-            in_snapshot += not manifest.exists()
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(timeout=30)
+            killed_at = time.time()
+            if kill == 0:
+                manifest.with_name(manifest.name + ".tmp").unlink()
+            # Dead now: a capture it started and did not finish left chunks and no manifest.
+            partial = not manifest.exists() and chunks.is_dir() and any(chunks.glob("*.parquet"))
+            assert partial or kill != 0, "the capture blocked on its manifest had written no chunk"
+            in_snapshot += partial
+        kills_ended = time.monotonic()
         for client in clients:
             client.stop.set()
         for client in clients:
@@ -294,49 +371,77 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
     assert not missing, f"{len(missing)} committed transfers not in pg_waldump's output"
     history = sorted((commits[xid], effects) for xid, effects in done)
 
-    def state_below(lsn: int) -> dict[str, dict[int, int]]:
-        tables = {t: dict.fromkeys(range(1, ACCOUNTS + 1), START) for t in ("checking", "savings")}
-        for commit_lsn, effects in history:
-            if commit_lsn >= lsn:
-                break
-            for table, key, delta in effects:
-                tables[table][key] = tables[table].get(key, 0) + delta
-        return tables
+    replayed = {"upto": 0, "next": 0, "tables": {}}
 
-    outputs = {t: _versions(lake / NAME / "outputs" / f"public_{t}") for t in ("checking", "savings")}
+    def state_below(lsn: int) -> dict[str, dict[int, int]]:
+        """The tables after every transfer committed below ``lsn``: replayed on from the last
+        call's point when ``lsn`` is not lower (labels come in order: the long lane's 1,500 cuts
+        would replay the whole history each otherwise)."""
+        if lsn < replayed["upto"] or not replayed["tables"]:
+            replayed["next"] = 0
+            replayed["tables"] = {t: dict.fromkeys(range(1, ACCOUNTS + 1), START) for t in ("checking", "savings")}
+        tables, i = replayed["tables"], replayed["next"]
+        while i < len(history) and history[i][0] < lsn:
+            for table, key, delta in history[i][1]:
+                tables[table][key] = tables[table].get(key, 0) + delta
+            i += 1
+        replayed["upto"], replayed["next"] = lsn, i
+        return {t: dict(rows) for t, rows in tables.items()}
+
+    paths = {t: lake / NAME / "outputs" / f"public_{t}" for t in ("checking", "savings")}
+    cuts = {t: Cuts(path) for t, path in paths.items()}
     remap = Remap.read(lake / NAME / "remap")
-    labels = sorted({label for versions in outputs.values() for _, label, _ in versions if label is not None})
+    labels = sorted({label for path in paths.values() for label in _labels(path)})
     assert len(labels) > 10
     checked = 0
+    # The product's read_as_of at every label too, or, in the long lane's 1,500 labels, at 100
+    # spread over them (a read of a table 1,500 commits long takes about a second).
+    step = max(1, len(labels) // 100)
+    products = set(labels[::step]) | {labels[-1]}
     for at in labels:
-        cut = {t: _cut(versions, at) for t, versions in outputs.items()}
+        cut = {t: table.at(at) for t, table in cuts.items()}
         assert sum(cut["checking"].values()) + sum(cut["savings"].values()) == TOTAL, at
         frontier = remap.frontier_at(at)[WAL]
         assert cut == state_below(frontier), f"the cut at {at} is not the database below LSN {frontier}"
+        checked += 1
+        if at not in products:
+            continue
         theirs = read_as_of(lake, NAME, at)
         for t in ("checking", "savings"):
             assert (
                 dict(zip(*theirs[f"public_{t}"].select(["id", "balance"]).to_pydict().values(), strict=True))
                 == (cut[t])
             )
-        checked += 1
     # The final tables are the database's, row for row (and the database kept the total).
     with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
         cur.execute("SELECT (SELECT sum(balance) FROM checking) + (SELECT sum(balance) FROM savings)")
         assert cur.fetchone()[0] == TOTAL
         for t in ("checking", "savings"):
             cur.execute(f"SELECT id, balance FROM {t}")
-            assert dict(cur.fetchall()) == {r["id"]: r["balance"] for r in outputs[t][-1][2]}
+            final = read_rows(DeltaLog(paths[t]).refresh(), ["id", "balance"])
+            assert dict(cur.fetchall()) == dict(zip(*final.to_pydict().values(), strict=True))
     # The snapshot-only table: every row once.
-    snapshot_rows = _versions(lake / NAME / "outputs" / "public_history")[-1][2]
-    assert sorted(r["id"] for r in snapshot_rows) == list(range(1, HISTORY + 1))
+    snapshot_rows = read_rows(DeltaLog(lake / NAME / "outputs" / "public_history").refresh(), ["id"])
+    assert sorted(snapshot_rows.column("id").to_pylist()) == list(range(1, HISTORY + 1))
     assert in_snapshot >= 1, "no kill landed inside the snapshot's capture"
-    # The slot never confirmed past what every output held.
+    # The slot never confirmed past a transfer the outputs did not hold, sampled while jobs ran.
     assert watch.failure is None, watch.failure
-    assert len(watch.samples) > 20
-    for confirmed, held in watch.samples:
+    during = [(c, held) for when, c, held in watch.samples if when < kills_ended and None not in held.values()]
+    assert len(during) > 20, f"{len(during)} samples of the slot while the jobs ran"
+    assert len({c for c, _ in during}) >= 3, "the slot never moved while the jobs ran"
+    commit_lsns = [lsn for lsn, _ in history]
+    checked_samples = ahead = 0
+    for confirmed, held in (s[1:] for s in watch.samples):
         if None in held.values():
             continue
         bound = min(remap.frontier_at(label).get(WAL, 0) for label in held.values())
-        assert confirmed <= bound, (confirmed, held)
-    print(f"kills={kills} in_snapshot={in_snapshot} cuts={checked} transfers={len(done)}")
+        if confirmed > bound:  # allowed only over WAL that holds no transfer
+            ahead += 1
+            skipped = [lsn for lsn in commit_lsns if bound <= lsn < confirmed]
+            assert not skipped, f"the slot confirmed {confirmed}, past transfers at {skipped[:3]}; outputs held {bound}"
+        checked_samples += 1
+    print(
+        f"kills={kills} in_snapshot={in_snapshot} cuts={checked} read_as_of={len(products)} transfers={len(done)} "
+        f"slot_samples={checked_samples} "
+        f"during_kills={len(during)} exact={watch.exact} ahead_over_empty_wal={ahead}"
+    )
