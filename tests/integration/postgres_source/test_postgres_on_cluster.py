@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import time
 from contextlib import closing
+from pathlib import Path
 
 from tests.faults.reader import DeltaLog, read_rows
 from tests.integration.cluster import applications, cluster_env, finish, start_on_cluster, tasks_per_worker
@@ -21,7 +23,8 @@ from tests.integration.cluster import applications, cluster_env, finish, start_o
 ROWS = 40_000
 
 
-def test_postgres_runs_on_the_cluster_exactly_once(postgres, spark_cluster, executor_python, plugin_python, tmp_path):
+def test_postgres_runs_on_the_cluster_exactly_once(postgres, spark_cluster, executor_python, tmp_path):
+    driver_python = Path(sys.executable)  # this checkout's reclock; the executors get it shipped
     earlier = applications(spark_cluster)
     db = "oncluster"
     dsn = postgres.create_database(db)
@@ -29,7 +32,7 @@ def test_postgres_runs_on_the_cluster_exactly_once(postgres, spark_cluster, exec
         cur.execute("CREATE TABLE items (id int PRIMARY KEY, name text, price numeric(8,2))")
         cur.execute(f"INSERT INTO items SELECT g, 'item ' || g, g / 10.0 FROM generate_series(1, {ROWS}) g")
     source = {"kind": "postgres", "dsn": dsn, "tables": ["items"], "snapshot_chunk_pages": 40}
-    job = start_on_cluster(tmp_path, "shop", source, spark_cluster, executor_python, plugin_python)
+    job = start_on_cluster(tmp_path, "shop", source, spark_cluster, executor_python, driver_python)
     lake = tmp_path / "lake"
     status_path = lake / "shop" / "status.json"
 
@@ -55,7 +58,7 @@ def test_postgres_runs_on_the_cluster_exactly_once(postgres, spark_cluster, exec
     stop = subprocess.run(
         ["reclock", "stop", "shop", "--wait", "120"],
         cwd=tmp_path,
-        env=cluster_env(executor_python, plugin_python),
+        env=cluster_env(executor_python, driver_python),
         capture_output=True,
         text=True,
     )
