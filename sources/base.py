@@ -29,7 +29,7 @@ pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its 
 
 Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
 runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
-:class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields` and, for the class,
+:class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks` and, for the class,
 :class:`TakesContext`. A source declares one by subclassing it (which also gives its defaults) or
 by having its members; any class may, a plugin as much as a built-in.
 """
@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import pyarrow as pa
@@ -60,18 +60,21 @@ __all__ = [
     "Output",
     "RecordError",
     "RecordErrorPolicy",
+    "RunsTasks",
     "SettableOffsets",
     "Source",
     "SourceBase",
     "SourceContext",
     "Split",
     "TakesContext",
+    "TaskRunner",
     "cap_frontier",
     "check_record_error_policy",
     "clip_message",
     "debezium_schema",
     "error_batch",
     "parse_generations",
+    "run_in_order",
 ]
 
 Envelope = Literal["append", "upsert", "debezium"]
@@ -202,9 +205,11 @@ class SourceContext:
     generations_reader: Callable[[], str | None] | None = None
     #: That file's path, when the lake is on this machine (a listing must not take it for data).
     generations_path: str | None = None
-    #: A folder of the pipeline's in the lake, when the lake is on this machine, where a source
-    #: may keep durable state of its own (the Postgres source's captured snapshot).
+    #: A folder of the pipeline's in the lake (a path, or an ``s3://`` URI for a lake in object
+    #: storage), where a source may keep durable state of its own (the Postgres source's
+    #: captured snapshot), and the lake's storage options to reach it (secrets: never shown).
     state_path: str | None = None
+    state_options: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     def generations(self) -> dict[str, int]:
         """``{path: generation}`` of every dropped file (``reclock drop-file`` bumps one); a file
@@ -330,6 +335,32 @@ class FileStates(Protocol):
     def listing(self) -> Sequence[ListedFile]:
         """Every candidate file now, read or not, at its current generation; called by the CLI
         and on the driver, never on the batch path."""
+        ...
+
+
+#: ``run(fn, items)``: ``[fn(item) for item in items]``, computed where the pipeline's tasks run
+#: (Spark tasks on the Spark plane, the driver's threads otherwise), in the items' order; ``fn``
+#: and the items must pickle, and ``fn`` should return its failures rather than raise them (an
+#: exception raised in a Spark task reaches the driver as Java's text, its kind lost).
+TaskRunner = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
+
+
+def run_in_order(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """The :data:`TaskRunner` of a source no pipeline gave one: every item here, one by one."""
+    return [fn(item) for item in items]
+
+
+@runtime_checkable
+class RunsTasks(Protocol):
+    """Has driver work outside any batch worth spreading over the pipeline's tasks: the Postgres
+    source's snapshot capture, one task per chunk of a table.
+
+    The pipeline hands the source its data plane's :data:`TaskRunner` once, before the first
+    probe. A source must not pickle it (tasks get a copy of the source): it holds the plane.
+    """
+
+    def use_tasks(self, run: TaskRunner) -> None:
+        """Run such work through ``run`` from now on (:func:`run_in_order` until called)."""
         ...
 
 

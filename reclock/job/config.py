@@ -339,6 +339,7 @@ def build_source(
     generations_reader: Callable[[], str | None] | None = None,
     generations_path: str | None = None,
     state_path: str | None = None,
+    state_options: Mapping[str, str] | None = None,
 ) -> Source:
     """Instantiate the configured source; its own validation errors are prefixed ``source.``.
 
@@ -346,7 +347,7 @@ def build_source(
     source class takes in its ``from_config`` (:class:`~reclock.sources.base.TakesContext`): the
     pipeline, when it was created, its ``on_record_error`` policy, and where dropped files'
     generations are kept (a reader of that file, and its path in a local lake), and a folder for a
-    source's own durable state (in a local lake). Any other class
+    source's own durable state (in the lake, with the lake's storage options). Any other class
     is called with the ``[source]`` options alone.
     """
     options = {k: expand(v, f"source.{k}", file) for k, v in config.source.items() if k not in ("kind", _RECORD_ERROR)}
@@ -356,7 +357,13 @@ def build_source(
     except ConfigError as exc:
         raise ConfigError(f"source.{exc.field}", exc.reason, file=file) from None
     context = SourceContext(
-        config.name, created_at_ms, config.on_record_error, generations_reader, generations_path, state_path
+        config.name,
+        created_at_ms,
+        config.on_record_error,
+        generations_reader,
+        generations_path,
+        state_path,
+        dict(state_options or {}),
     )
     try:
         built = cls.from_config(options, context) if issubclass(cls, TakesContext) else cls(**options)

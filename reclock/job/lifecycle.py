@@ -225,7 +225,8 @@ def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) ->
     """The stored pipeline's source, built the same way for the job and for the CLI's questions.
 
     A source with file states reads dropped files' generations from the lake, through the lake's
-    store (and knows the file's path when the lake is local, to keep it out of its listing).
+    store (and knows the file's path when the lake is local, to keep it out of its listing); a
+    source with state of its own keeps it in the pipeline's folder, local or in object storage.
     """
     where = generations_file(lake, name)
     return build_source(
@@ -234,7 +235,8 @@ def source_of(lake: Lake, name: str, config: PipelineConfig, created_at: int) ->
         file=str(lake.definition_path(name)),
         generations_reader=functools.partial(_text_or_none, lake.store, where),
         generations_path=None if lake.store.remote else str(where),
-        state_path=None if lake.store.remote else str(lake.control_dir(name) / "source"),
+        state_path=str(lake.control_dir(name) / "source"),
+        state_options=lake.store.options,
     )
 
 

@@ -53,7 +53,7 @@ from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
 from reclock.runtime.outputs import layouts_of, outputs_of
-from reclock.runtime.planes import DataPlane, LocalDataPlane
+from reclock.runtime.planes import DataPlane, LocalDataPlane, task_runner
 from reclock.runtime.planning import in_split_order, plan_batch, without_skips
 from reclock.runtime.redrives import redrive_splits
 from reclock.runtime.reports import FILTERED, BatchFailed, BatchReport, BatchState, filtered_json, ms_since
@@ -63,7 +63,7 @@ from reclock.runtime.shaping import Shape, route_outputs
 from reclock.runtime.task import BatchPlan
 from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
-from reclock.sources.base import ERRORS, Source, error_batch
+from reclock.sources.base import ERRORS, RunsTasks, Source, error_batch
 from reclock.timeline.frontier import Frontier, IntoTime, encode_partition, wall_clock_ms
 from reclock.timeline.lag import total_lag
 from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
@@ -102,6 +102,8 @@ class Pipeline:
         self.lake = lake if isinstance(lake, Lake) else Lake.at(lake)
         self.source = source
         self.data_plane = data_plane or LocalDataPlane()
+        if isinstance(source, RunsTasks):
+            source.use_tasks(task_runner(self.data_plane))
         self.settings = settings or Settings()
         self.maintenance = maintenance or Maintenance()
         self._batches_since_maintenance = 0

@@ -5,6 +5,10 @@ A data plane takes a batch's plan and its splits and returns one
 :mod:`reclock.runtime.task`, the same for every plane, so the choice of plane changes where the
 work runs and how long it takes, never which rows land. Spark gets the splits packed into about
 two tasks a core, largest first, so tasks finish close together.
+
+A plane also runs a source's work outside any batch (:class:`~reclock.sources.base.RunsTasks`,
+the Postgres source's snapshot capture) through its ``map``, where its batches' tasks run;
+:func:`task_runner` gives a plane's, or the driver's for a plane that has none.
 """
 
 from __future__ import annotations
@@ -15,23 +19,43 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from reclock.errors import EngineUnavailable, ReclockError
 from reclock.runtime.task import BatchPlan, SplitResult, run_splits
-from reclock.sources.base import GroupReads, Split
+from reclock.sources.base import GroupReads, Split, TaskRunner, run_in_order
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 
-__all__ = ["AutoDataPlane", "DataPlane", "LocalDataPlane", "SparkDataPlane", "StartingSparkDataPlane"]
+__all__ = [
+    "AutoDataPlane",
+    "DataPlane",
+    "LocalDataPlane",
+    "MapsTasks",
+    "SparkDataPlane",
+    "StartingSparkDataPlane",
+    "task_runner",
+]
 
 log = logging.getLogger("reclock.planes")
 
 
 class DataPlane(Protocol):
     def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]: ...
+
+
+@runtime_checkable
+class MapsTasks(Protocol):
+    """A plane that runs any picklable function over items in its tasks (a :data:`TaskRunner`)."""
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]: ...
+
+
+def task_runner(plane: DataPlane) -> TaskRunner:
+    """Where a source's work outside batches runs: the plane's tasks, or here, one by one."""
+    return plane.map if isinstance(plane, MapsTasks) else run_in_order
 
 
 class LocalDataPlane:
@@ -53,6 +77,14 @@ class LocalDataPlane:
         with ThreadPoolExecutor(len(groups), thread_name_prefix="reclock-task") as pool:
             return [r for results in pool.map(functools.partial(run_splits, plan), groups) for r in results]
 
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """``fn`` over ``items`` in ``threads`` threads (a snapshot's copy waits on the server
+        and on parquet writing, both outside the GIL)."""
+        if self.threads < 2 or len(items) < 2:
+            return run_in_order(fn, items)
+        with ThreadPoolExecutor(min(self.threads, len(items)), thread_name_prefix="reclock-task") as pool:
+            return list(pool.map(fn, items))
+
 
 class SparkDataPlane:
     """Splits run as Spark tasks; the driver only collects file metadata.
@@ -73,6 +105,23 @@ class SparkDataPlane:
         groups = _pack(splits, max(1, context.defaultParallelism * self.tasks_per_core))
         rdd = context.parallelize(groups, len(groups))
         return rdd.flatMap(functools.partial(_run_group, plan)).collect()
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """``fn`` over ``items``, one Spark task per item (each is a large piece of work, such as
+        a snapshot's chunk), in the job group :data:`MAP_GROUP`; results in the items' order."""
+        if not items:
+            return []
+        context = self.spark.sparkContext
+        context.setJobGroup(MAP_GROUP, f"reclock: {len(items)} tasks of {getattr(fn, '__name__', 'work')}")
+        try:
+            return context.parallelize(list(items), len(items)).map(fn).collect()
+        finally:
+            context.setLocalProperty("spark.jobGroup.id", None)
+            context.setLocalProperty("spark.job.description", None)
+
+
+#: The Spark job group of the work a plane maps outside batches (a snapshot's capture).
+MAP_GROUP = "reclock-map"
 
 
 def _parallel(plan: BatchPlan) -> bool:
@@ -112,6 +161,10 @@ class AutoDataPlane:
         size = sum(split.end - split.start for split in splits)
         plane = self.local if size < self.small_batch_offsets else self.spark
         return plane.run(plan, splits)
+
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """On Spark: work mapped outside batches is a source's large work (a snapshot)."""
+        return task_runner(self.spark)(fn, items)
 
 
 class StartingSparkDataPlane:
@@ -191,10 +244,20 @@ class StartingSparkDataPlane:
         if self._failure is not None:
             raise self._failure
 
+    def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """On Spark, once it is up (waited for): the work mapped outside batches is a source's
+        large work, done once (a snapshot's capture), which the driver should not do alone."""
+        self.wait()
+        return task_runner(self._ready())(fn, items)
+
     def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
+        if self._plane is None and not self._done.is_set():
+            return self.local.run(plan, splits)
+        return self._ready().run(plan, splits)
+
+    def _ready(self) -> DataPlane:
+        """The plane of the started session (:meth:`wait` or ``_done`` said it is up)."""
         if self._plane is None:
-            if not self._done.is_set():
-                return self.local.run(plan, splits)
             if self._failure is not None:
                 raise self._failure
             assert self._session is not None, "a started plane has its session"
@@ -204,4 +267,4 @@ class StartingSparkDataPlane:
                 if self.small_batch_offsets
                 else spark
             )
-        return self._plane.run(plan, splits)
+        return self._plane

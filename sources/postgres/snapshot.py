@@ -1,20 +1,26 @@
-"""The initial copy of the tables, consistent with the slot, captured once and bound whole.
+"""The initial copy of the tables, consistent with the slot, captured once by tasks and bound whole.
 
 **Consistent.** The slot is created with ``EXPORT_SNAPSHOT``: the server answers the slot's
 consistent point (an LSN) and a snapshot that sees exactly the transactions committed before it.
 The stream of the slot starts at that point, so the snapshot plus every transaction the slot
 sends is the database, once, with nothing between (Materialize's ``snapshot.rs`` does the same).
 
-**Captured once.** An exported snapshot lives only as long as the connection that created the
-slot, so a crash would lose it; replaying a batch needs the same rows again. So before anything
-is bound the driver copies every table, in chunks of ``snapshot_chunk_pages`` heap pages (a
-``ctid`` range scan under ``SET TRANSACTION SNAPSHOT``), into parquet files in the pipeline's
-source state folder, and writes a manifest last (atomically): the slot, its consistent point, the
-chunks. A crash before the manifest exists bound nothing: the next start drops the slot and the
-partial chunks and captures again, at a new slot; no row of the first attempt ever reached an
-output, so nothing can land twice (the duplication of Materialize #13749 came from a second
-snapshot *after* the first was bound). A crash after it never snapshots again: the chunks are
-read back from the files, the same rows every time.
+**Captured by tasks.** The driver creates the slot and keeps the exporting connection open (an
+exported snapshot lives only as long as it, and only while it runs no other command); it cuts
+every table into chunks of ``snapshot_chunk_pages`` heap pages (``ctid`` ranges, the last one
+open-ended) and hands them to the pipeline's tasks (:data:`~reclock.sources.base.TaskRunner`:
+Spark tasks on the Spark plane, the driver's threads otherwise). Each task opens its own
+connection, joins the snapshot (``SET TRANSACTION SNAPSHOT``), copies its range and writes it as
+one parquet file into the pipeline's folder of the lake (:class:`StateFolder`, local or S3).
+
+**Captured once.** Only when every task succeeded does the driver write the manifest (the slot,
+its consistent point, the chunks), last and whole. A crash before it bound nothing: the next
+start drops the slot and the partial chunks and captures again, at a new slot; no row of the
+first attempt ever reached an output, so nothing can land twice (the duplication of Materialize
+#13749 came from a second snapshot *after* the first was bound). A chunk's file name carries its
+attempt (the consistent point), so a task of a dead attempt that finishes late writes a file no
+manifest names. After the manifest the snapshot is never taken again: chunks are read back from
+the files, the same rows every time.
 
 **Bound whole.** Chunk ``i`` is offset ``i`` of the source's one partition (there are far fewer
 chunks than the consistent point's LSN, below which the stream has nothing), and the source's
@@ -26,24 +32,25 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import psycopg2
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
+from reclock.errors import DefiniteSourceError
+from reclock.sources.base import TaskRunner
 from reclock.sources.postgres.catalog import TableSpec
-from reclock.sources.postgres.clients import connect, server_errors
+from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.pgoutput import parse_lsn
+from reclock.sources.postgres.state import StateFolder
 
-__all__ = ["Chunk", "Manifest", "capture", "read_chunk"]
+__all__ = ["Chunk", "ChunkTask", "Manifest", "capture", "copy_chunk", "load", "read_chunk"]
 
 MANIFEST = "snapshot.json"
+CHUNKS = "chunks"
 
 
 @dataclass(frozen=True)
@@ -76,17 +83,50 @@ class Manifest:
         return cls(data["slot"], data["consistent_lsn"], tuple(Chunk(*c) for c in data["chunks"]))
 
 
-def load(state: Path) -> Manifest | None:
-    try:
-        return Manifest.from_json((state / MANIFEST).read_text())
-    except FileNotFoundError:
-        return None
+@dataclass(frozen=True)
+class ChunkTask:
+    """One chunk to copy, everything its task needs: pages ``[low, high)`` of ``spec``'s table
+    (``high`` ``None``: to the table's end) in the exported ``snapshot``, as chunk ``index``."""
+
+    dsn: str
+    slot: str
+    publication: str
+    snapshot: str
+    attempt: str
+    spec: TableSpec
+    index: int
+    low: int
+    high: int | None
+    state: StateFolder
+
+
+@dataclass(frozen=True)
+class CaptureFailed:
+    """Why a task could not copy its chunk, handed back to the driver (an exception raised in a
+    Spark task reaches the driver as Java's text, its kind lost)."""
+
+    transient: bool
+    message: str
+
+
+def load(state: StateFolder) -> Manifest | None:
+    text = state.read_text(MANIFEST)
+    return None if text is None else Manifest.from_json(text)
 
 
 def capture(
-    dsn: str, slot: str, publication: str, specs: Sequence[TableSpec], state: Path, *, take: bool, chunk_pages: int
+    dsn: str,
+    slot: str,
+    publication: str,
+    specs: Sequence[TableSpec],
+    state: StateFolder,
+    *,
+    take: bool,
+    chunk_pages: int,
+    run: TaskRunner,
 ) -> Manifest:
-    """Create the slot and capture the snapshot (``take``) into ``state``; the manifest once done.
+    """Create the slot and capture the snapshot (``take``) into ``state`` by ``run``'s tasks;
+    the manifest once every chunk is written.
 
     Called by the driver's first probe when ``state`` has no manifest: whatever a crashed
     attempt left (a slot, chunk files) is dropped first.
@@ -100,8 +140,7 @@ def capture(
                     cur.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         finally:
             plain.close()
-        shutil.rmtree(state / "chunks", ignore_errors=True)
-        (state / "chunks").mkdir(parents=True, exist_ok=True)
+        state.clear(CHUNKS)
         exporting = connect(dsn, replication=True)
         try:
             with exporting.cursor() as cur:
@@ -109,86 +148,104 @@ def capture(
                 cur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput {how}")
                 _, consistent_point, snapshot_name, _ = cur.fetchone()
             consistent = parse_lsn(consistent_point)
-            chunks: list[Chunk] = []
-            if take:
-                for spec in specs:
-                    chunks += _copy_table(dsn, snapshot_name, spec, state, chunk_pages, len(chunks))
+            tasks = _plan(dsn, slot, publication, snapshot_name, f"{consistent:016X}", specs, state, chunk_pages)
+            done = run(copy_chunk, tasks) if take else []
         finally:
-            exporting.close()
+            exporting.close()  # only now: the tasks joined the snapshot it exported
+    chunks = []
+    for result in done:
+        if isinstance(result, CaptureFailed):
+            kind = PostgresUnavailable if result.transient else DefiniteSourceError
+            raise kind(f"the snapshot's capture failed, it starts over at the next probe: {result.message}")
+        chunks.append(result)
     assert len(chunks) < consistent, "more snapshot chunks than LSNs below the consistent point"
     manifest = Manifest(slot, consistent, tuple(chunks))
-    _write_atomically(state / MANIFEST, manifest.to_json().encode())
+    state.write_bytes(MANIFEST, manifest.to_json().encode())
     return manifest
 
 
-def _copy_table(dsn: str, snapshot: str, spec: TableSpec, state: Path, chunk_pages: int, first: int) -> list[Chunk]:
-    """``spec``'s table in chunks of ``chunk_pages`` pages, read in the exported ``snapshot``."""
+def _plan(
+    dsn: str,
+    slot: str,
+    publication: str,
+    snapshot: str,
+    attempt: str,
+    specs: Sequence[TableSpec],
+    state: StateFolder,
+    chunk_pages: int,
+) -> list[ChunkTask]:
+    """Every table's chunks, numbered in table order. A table's size now may differ from its size
+    in the snapshot; the last chunk is open-ended, so every row the snapshot sees is in one."""
     conn = connect(dsn)
     try:
-        conn.autocommit = False
+        tasks: list[ChunkTask] = []
         with conn.cursor() as cur:
-            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
-            cur.execute(
-                "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
-                (spec.table.quoted,),
-            )
-            pages = int(cur.fetchone()[0])
-            bounds = list(range(0, pages, chunk_pages)) or [0]
-            chunks = []
-            for i, low in enumerate(bounds):
-                high = bounds[i + 1] if i + 1 < len(bounds) else None  # the last chunk is open-ended
-                where = f"ctid >= '({low},0)'::tid" + (f" AND ctid < '({high},0)'::tid" if high is not None else "")
-                names = ", ".join(f'"{c.name}"' for c in spec.columns)
-                chunks.append(
-                    _copy_chunk(cur, spec, f"SELECT {names} FROM {spec.table.quoted} WHERE {where}", state, first + i)
+            for spec in specs:
+                cur.execute(
+                    "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
+                    (spec.table.quoted,),
                 )
-        conn.rollback()
+                pages = int(cur.fetchone()[0])
+                bounds = list(range(0, pages, chunk_pages)) or [0]
+                for i, low in enumerate(bounds):
+                    high = bounds[i + 1] if i + 1 < len(bounds) else None
+                    tasks.append(
+                        ChunkTask(dsn, slot, publication, snapshot, attempt, spec, len(tasks), low, high, state)
+                    )
     finally:
         conn.close()
-    return chunks
+    return tasks
 
 
-def _copy_chunk(cur: Any, spec: TableSpec, query: str, state: Path, index: int) -> Chunk:
-    """One chunk through ``COPY ... TO STDOUT (FORMAT csv, NULL '\\N')``: the same text forms
+def copy_chunk(task: ChunkTask) -> Chunk | CaptureFailed:
+    """Run in a task: the chunk's rows in the exported snapshot, written to its file."""
+    try:
+        with server_errors(task.slot, task.publication):
+            conn = connect(task.dsn)
+            try:
+                conn.autocommit = False
+                with conn.cursor() as cur:
+                    cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    cur.execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
+                    table = _copy_rows(cur, task)
+                conn.rollback()
+            finally:
+                conn.close()
+        relative = f"{CHUNKS}/{task.attempt}-{task.index:06d}-{task.spec.output}.parquet"
+        task.state.write_parquet(relative, table)
+    except (PostgresUnavailable, OSError) as exc:
+        return CaptureFailed(True, f"chunk {task.index} of {task.spec.table.qualified}: {exc}")
+    except (DefiniteSourceError, psycopg2.Error) as exc:
+        return CaptureFailed(False, f"chunk {task.index} of {task.spec.table.qualified}: {exc}".strip())
+    return Chunk(task.spec.output, relative, table.num_rows)
+
+
+def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
+    """The chunk through ``COPY ... TO STDOUT (FORMAT csv, NULL '\\N')``: the same text forms
     pgoutput sends; an unquoted ``\\N`` is NULL (the server quotes a value that reads so)."""
+    spec = task.spec
+    where = f"ctid >= '({task.low},0)'::tid" + (f" AND ctid < '({task.high},0)'::tid" if task.high is not None else "")
+    names = [c.name for c in spec.columns]
+    columns = ", ".join(f'"{name}"' for name in names)
+    query = f"SELECT {columns} FROM {spec.table.quoted} WHERE {where}"
     buffer = io.BytesIO()
     cur.copy_expert(f"COPY ({query}) TO STDOUT WITH (FORMAT csv, NULL '\\N')", buffer)
-    names = [c.name for c in spec.columns]
     if buffer.tell() == 0:
-        table = pa.table({name: pa.array([], pa.string()) for name in names})
-    else:
-        buffer.seek(0)
-        table = pacsv.read_csv(
-            buffer,
-            read_options=pacsv.ReadOptions(column_names=names),
-            parse_options=pacsv.ParseOptions(newlines_in_values=True),
-            convert_options=pacsv.ConvertOptions(
-                column_types={name: pa.string() for name in names},
-                null_values=["\\N"],
-                strings_can_be_null=True,
-                quoted_strings_can_be_null=False,
-            ),
-        )
-    relative = f"chunks/{index:06d}-{spec.output}.parquet"
-    tmp = state / f"{relative}.tmp"
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, state / relative)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return Chunk(spec.output, relative, table.num_rows)
+        return pa.table({name: pa.array([], pa.string()) for name in names})
+    buffer.seek(0)
+    return pacsv.read_csv(
+        buffer,
+        read_options=pacsv.ReadOptions(column_names=names),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types={name: pa.string() for name in names},
+            null_values=["\\N"],
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,
+        ),
+    )
 
 
-def read_chunk(state: Path, chunk: Chunk) -> pa.Table:
+def read_chunk(state: StateFolder, chunk: Chunk) -> pa.Table:
     """A captured chunk's rows (text columns), the same every time."""
-    return pq.read_table(state / chunk.file)
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    return state.read_parquet(chunk.file)

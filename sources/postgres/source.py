@@ -9,6 +9,8 @@ chunks (:mod:`~reclock.sources.postgres.snapshot`).
 * ``upper`` (the probe, on the driver): the server's ``pg_current_wal_flush_lsn()``: every
   transaction whose commit record starts below it is durable and will be sent by the slot. It
   moves with any WAL the server writes, so an idle source's frontier moves too.
+  The first probe captures the snapshot, its chunks copied by the pipeline's tasks (the source
+  :class:`~reclock.sources.base.RunsTasks`).
 * ``splits``: one split per snapshot chunk, and one replication range ``[lower, upper)`` (a slot
   is read by one connection at a time, so the range is not cut).
 * ``read``: a chunk from its captured file, or a range from the slot
@@ -27,19 +29,27 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from reclock.errors import ConfigError
-from reclock.sources.base import Output, SourceBase, SourceContext, Split, check_record_error_policy
+from reclock.sources.base import (
+    Output,
+    SourceBase,
+    SourceContext,
+    Split,
+    TaskRunner,
+    check_record_error_policy,
+    run_in_order,
+)
 from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
 from reclock.sources.postgres.config import PostgresOptions, slot_name
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
 from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
+from reclock.sources.postgres.state import StateFolder
 from reclock.sources.postgres.stream import read_range
 from reclock.timeline.frontier import Frontier, encode_partition
 
@@ -82,7 +92,7 @@ class PostgresSource(SourceBase):
         snapshot_chunk_pages: int = 1024,
         read_timeout_s: float = 30.0,
         feedback_interval_s: float = 1.0,
-        state_dir: str | None = None,
+        state_dir: str | StateFolder | None = None,
         on_record_error: str = "skip",
     ) -> None:
         if slot is None or publication is None:
@@ -98,9 +108,14 @@ class PostgresSource(SourceBase):
             read_timeout_s=read_timeout_s,
             feedback_interval_s=feedback_interval_s,
         )
-        if state_dir is not None and (not isinstance(state_dir, str) or not state_dir):
-            raise ConfigError("state_dir", f"must be a folder's path, got {state_dir!r}")
-        self.state = None if state_dir is None else Path(state_dir)
+        if (
+            state_dir is not None
+            and not isinstance(state_dir, StateFolder)
+            and (not isinstance(state_dir, str) or not state_dir)
+        ):
+            raise ConfigError("state_dir", f"must be a folder's path or an s3:// URI, got {state_dir!r}")
+        self.state = StateFolder.at(state_dir) if isinstance(state_dir, str) else state_dir
+        self._run: TaskRunner = run_in_order
         self.on_record_error = check_record_error_policy(on_record_error)
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
@@ -115,10 +130,22 @@ class PostgresSource(SourceBase):
     @classmethod
     def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> PostgresSource:
         """The pipeline's source: slot and publication ``reclock_<pipeline>`` unless named, the
-        snapshot kept in the pipeline's folder of the lake, the pipeline's ``on_record_error``."""
+        snapshot kept in the pipeline's folder of the lake (local or in object storage, reached
+        with the lake's storage options), the pipeline's ``on_record_error``."""
         name = slot_name(context.pipeline)
-        defaults = {"slot": name, "publication": name, "state_dir": context.state_path}
+        state = None if context.state_path is None else StateFolder.at(context.state_path, context.state_options)
+        defaults = {"slot": name, "publication": name, "state_dir": state}
         return cls(**{**defaults, **options, "on_record_error": context.on_record_error})
+
+    def use_tasks(self, run: TaskRunner) -> None:
+        """The snapshot's chunks are copied by ``run``'s tasks (:class:`~reclock.sources.base.RunsTasks`)."""
+        self._run = run
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A task's copy: without the runner, which holds the driver's data plane."""
+        state = dict(self.__dict__)
+        state["_run"] = run_in_order
+        return state
 
     # -- the Source protocol --------------------------------------------------------------------
 
@@ -239,13 +266,13 @@ class PostgresSource(SourceBase):
     # -- internals ------------------------------------------------------------------------------
 
     def _captured(self) -> Manifest:
-        """The slot and the snapshot's manifest, captured on first need (on the driver)."""
+        """The slot and the snapshot's manifest, captured on first need (by the driver and its tasks)."""
         if self._manifest is None:
             if self.state is None:
                 raise ConfigError(
                     "state_dir",
-                    "the source keeps its slot's snapshot in the pipeline's folder of a local lake; "
-                    "a lake in object storage needs state_dir, a local folder the job and its tasks share",
+                    "the source keeps its slot's snapshot in a folder every task reaches: "
+                    "give state_dir (a path or an s3:// URI), or run it in a pipeline, which gives its lake's",
                 )
             manifest = load(self.state)
             if manifest is None or manifest.slot != self.options.slot:
@@ -257,6 +284,7 @@ class PostgresSource(SourceBase):
                     self.state,
                     take=self.options.snapshot,
                     chunk_pages=self.options.snapshot_chunk_pages,
+                    run=self._run,
                 )
             self._manifest = manifest
         return self._manifest

@@ -34,7 +34,10 @@ def bare_env(path: Path, *extra: Path) -> Path:
         check=True,
         env=clean_env(),
     ).stdout.strip()
-    folders = [sysconfig.get_paths()["purelib"], *map(str, extra)]
+    # This venv's packages, and those a .pth of it adds (a venv layered over another's): a folder
+    # named in deps.pth is put on the path but its own .pth files are not read.
+    layered = [p for p in sys.path if Path(p).name == "site-packages" and p != sysconfig.get_paths()["purelib"]]
+    folders = [sysconfig.get_paths()["purelib"], *layered, *map(str, extra)]
     (Path(site) / "deps.pth").write_text("".join(f"{folder}\n" for folder in folders))
     return python
 
