@@ -47,6 +47,7 @@ __all__ = [
     "append_unlabelled",
     "DELETED",
     "ENVELOPE",
+    "TRUNCATED",
     "INTO_TS",
     "DataFile",
     "OutputSink",
@@ -59,6 +60,10 @@ __all__ = [
 
 #: Staged-only column of upsert and debezium outputs: the record deletes its key.
 DELETED = "_deleted"
+
+#: Staged-only column of upsert and debezium outputs: the record is a TRUNCATE of its table (its
+#: key columns are null). The MERGE then deletes every row not written after it (:meth:`OutputSink._merge`).
+TRUNCATED = "_truncated"
 
 #: The table property naming an output's envelope. An ``append`` output only ever gains rows
 #: (``optimize`` rewrites files, never rows), so an as-of read of it needs no time travel and
@@ -245,10 +250,16 @@ class OutputSink:
 
     @property
     def write_schema(self) -> pa.Schema:
-        """What tasks write: the table's schema, plus ``_deleted`` when the commit is a MERGE."""
+        """What tasks write: the table's schema, plus ``_deleted`` and ``_truncated`` when the commit is a MERGE."""
         if self.staging is None:
             return self.schema
-        return self.schema.append(pa.field(DELETED, pa.bool_(), nullable=False))
+        return pa.schema(
+            [
+                *self.schema,
+                pa.field(DELETED, pa.bool_(), nullable=False),
+                pa.field(TRUNCATED, pa.bool_(), nullable=False),
+            ]
+        )
 
     def refresh(self) -> IntoTime:
         """Catch up with the table's newest version and read the label there: after a conflict, a
@@ -342,22 +353,36 @@ class OutputSink:
 
     def _merge(self, table: DeltaTable, staging: LakePath, files: list[DataFile], properties: CommitProperties) -> None:
         """One MERGE of the latest staged record per key (``files``, in ``staging``), on the snapshot
-        the label was read from."""
+        the label was read from.
+
+        A TRUNCATE record (``_truncated``) empties the table at its place in the batch's order: the
+        records before the last one are dropped, and the MERGE also deletes every row of the
+        table that no later record writes. So the rows a TRUNCATE removes go in the same commit
+        as the batch's other changes, and a read as of any label never sees half of it. Records
+        of one source time keep their order in the files (a source writes a transaction's
+        changes of an output in one batch, in order), which places a TRUNCATE among them.
+        """
         staged = self.store.read_parquet([str(staging / f.path) for f in files], schema=self.write_schema)
         order = staged.append_column("__order", pa.array(range(staged.num_rows), pa.int64()))
         order = order.sort_by([(INTO_TS, "ascending"), (OFFSET, "ascending"), ("__order", "ascending")])
+        truncates = pc.indices_nonzero(pc.fill_null(order.column(TRUNCATED), False))
+        truncated = len(truncates) > 0
+        if truncated:
+            order = order.slice(truncates[-1].as_py() + 1)
         order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))
         latest = order.group_by(list(self.key)).aggregate([("__rank", "max")]).column("__rank_max")
         batch = order.take(latest).drop_columns(["__order", "__rank"])
         columns = {name: f"s.`{name}`" for name in self.schema.names}
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.key)
-        (
+        merge = (
             table.merge(batch, on, source_alias="s", target_alias="t", commit_properties=properties)
             .when_matched_delete(predicate=f"s.`{DELETED}`")
             .when_matched_update(columns, predicate=f"NOT s.`{DELETED}`")
             .when_not_matched_insert(columns, predicate=f"NOT s.`{DELETED}`")
-            .execute()
         )
+        if truncated:
+            merge = merge.when_not_matched_by_source_delete()
+        merge.execute()
 
     def _discard(self, files: list[DataFile]) -> None:
         for f in files:

@@ -9,7 +9,10 @@ binding.
 * ``upsert`` outputs get the table's columns and an explicit ``_deleted``; within a transaction
   only the last change of a key is kept (they share one ``_offset``, and the upsert keeps the
   latest offset per key, so two rows of one key at one offset would leave the winner to chance).
-  An update that changes the key deletes the old key. A TOASTed value the update did not change
+  An update that changes the key deletes the old key. A TRUNCATE drops the transaction's
+  earlier changes of its table and becomes one record marked ``_truncated`` (no key), placed
+  before the transaction's later changes of the table: the sink's MERGE then empties the output
+  at that point, in the batch's one commit. A TOASTed value the update did not change
   (``u``) is taken from the old row (replica identity full) or from the key's earlier change in
   the same transaction; when neither has it the change cannot be mirrored and goes to ``_errors``
   saying what to run.
@@ -28,16 +31,20 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from reclock.errors import DefiniteSourceError
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.columns import typed_column
 from reclock.sources.postgres.pgoutput import UNCHANGED
 from reclock.timeline.frontier import OFFSET, PARTITION
 
-__all__ = ["DELETED", "Change", "ChangeBatches"]
+__all__ = ["DELETED", "TRUNCATED", "Change", "ChangeBatches"]
 
 DELETED = "_deleted"
+#: The sink's staged column that marks a TRUNCATE record of an upsert output.
+TRUNCATED = "_truncated"
+
+#: The key of a transaction's TRUNCATE of a table among its changes by key (no real key is empty).
+_TRUNCATE: tuple = ()
 
 Row = tuple  # the text values of one row, in the table's column order (None: null)
 
@@ -112,10 +119,10 @@ class ChangeBatches:
         for output, change in changes:
             spec = self.specs[output]
             if change.op == "t":
-                raise DefiniteSourceError(
-                    f"table {spec.table.qualified} was truncated at LSN {offset}: an upsert output cannot follow a "
-                    "TRUNCATE (use envelope = 'append', or recreate the pipeline)"
-                )
+                for earlier in [k for k in latest if k[0] == output]:
+                    del latest[earlier]
+                latest[(output, _TRUNCATE)] = change
+                continue
             key_at = [i for i, c in enumerate(spec.columns) if c.name in spec.key]
             if change.op in ("u", "d") and change.old is not None:
                 old_key = tuple(change.old[i] for i in key_at)
@@ -159,11 +166,12 @@ class ChangeBatches:
             columns, wrong = self._typed(spec, [None if i in bad else r for i, r in enumerate(rows)])
             self._reject_values(spec, pending, wrong - bad)
             keep = [i for i in range(n) if i not in bad and i not in wrong]
-            deleted = pa.array([pending.ops[i] == "d" for i in keep], pa.bool_())
+            deleted = pa.array([pending.ops[i] in ("d", "t") for i in keep], pa.bool_())
+            truncated = pa.array([pending.ops[i] == "t" for i in keep], pa.bool_())
             own = [column.take(pa.array(keep, pa.int64())) for column in columns]
             names = [c.name for c in spec.columns]
-            arrays = [*self._lineage(pending, keep), *own, deleted]
-            yield output, pa.RecordBatch.from_arrays(arrays, names=[PARTITION, OFFSET, *names, DELETED])
+            arrays = [*self._lineage(pending, keep), *own, deleted, truncated]
+            yield output, pa.RecordBatch.from_arrays(arrays, names=[PARTITION, OFFSET, *names, DELETED, TRUNCATED])
             return
         befores, wrong_before = self._typed(spec, pending.olds)
         afters, wrong_after = self._typed(spec, pending.news)

@@ -107,7 +107,8 @@ def _changes(
     message: Insert | Update | Delete | Truncate, relations: Mapping[int, TableSpec]
 ) -> list[tuple[str, Change]]:
     if isinstance(message, Truncate):
-        return [(relations[r].output, Change("t", None, None)) for r in message.relation_ids if r in relations]
+        read = [relations.get(r) for r in message.relation_ids]
+        return [(spec.output, Change("t", None, None)) for spec in read if spec is not None]
     spec = relations.get(message.relation_id)
     if spec is None:  # a table of the publication the pipeline does not read
         return []
