@@ -158,15 +158,15 @@ def test_without_a_policy_unknown_fields_are_ignored_as_before(tmp_path):
     assert sorted(r["id"] for r in state.rows()) == [1, 2, 3, 4, 5]
 
 
-def test_add_on_an_upsert_output_or_parquet_files_is_refused_naming_the_field(tmp_path):
+def test_add_on_a_debezium_output_or_parquet_files_is_refused_naming_the_field(tmp_path):
     (tmp_path / "in").mkdir()
     source = FilesSource(path=str(tmp_path / "in"), format="parquet", columns=COLUMNS)
     add = {"rows": OutputLayout(schema_evolution="add")}
     with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: parquet files cannot report new fields"):
         Pipeline("pipe", tmp_path / "lake", source, layouts=add)
-    upserts = MemorySource({"rows": Output("rows", pa.schema([("id", pa.int64())]), ("id",), "upsert")})
-    with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: 'add' needs an append output"):
-        Pipeline("pipe", tmp_path / "lake", upserts, layouts=add)
+    debezium = MemorySource({"rows": Output("rows", pa.schema([("id", pa.int64())]), ("id",), "debezium")})
+    with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: 'add' needs an append or upsert output"):
+        Pipeline("pipe", tmp_path / "lake", debezium, layouts=add)
     with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: a MemorySource cannot report"):
         Pipeline("pipe", tmp_path / "lake", MemorySource({"rows": pa.schema([("id", pa.int64())])}), layouts=add)
 
