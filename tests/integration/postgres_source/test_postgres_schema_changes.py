@@ -110,7 +110,7 @@ def test_a_truncate_of_a_published_table_the_pipeline_does_not_read_is_ignored(p
     drop_slot(postgres, db, source.options.slot)
 
 
-@pytest.mark.parametrize("mode", ["add", "rescue", "fail"])
+@pytest.mark.parametrize("mode", ["add", "rescue", "fail", "none"])
 def test_a_column_added_while_running_follows_schema_evolution(postgres, tmp_path, mode):
     """The column's first change brings a Relation message with it: under ``add`` the output gains
     it (text form, null for rows the stream has not changed since), under ``rescue`` it goes to
@@ -144,6 +144,11 @@ def test_a_column_added_while_running_follows_schema_evolution(postgres, tmp_pat
         return
     pipeline.step()
     rows = output_table(lake, "pg", "public_t").to_pylist()
+    if mode == "none":
+        assert {r["id"]: r["v"] for r in rows} == {i: v for i, (v, _) in database.items()}
+        assert "note" not in rows[0]
+        drop_slot(postgres, db, source.options.slot)
+        return
     if mode == "add":
         assert {r["id"]: (r["v"], r["note"]) for r in rows} == database
     else:
@@ -202,4 +207,28 @@ def test_a_dropped_or_retyped_column_is_a_definite_error_naming_it(postgres, tmp
         pipeline.step()
     assert "\n" not in str(failed.value)
     assert sorted(output_table(lake, "pg", "public_t").column("id").to_pylist()) == [1, 2]
+    drop_slot(postgres, db, source.options.slot)
+
+
+def test_an_append_output_gets_an_added_column_beside_before_and_after(postgres, tmp_path):
+    db = "added_append"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 1)")
+    lake = tmp_path / "lake"
+    source = make_source(postgres, db, tmp_path, tables=["t"], envelope="append")
+    pipeline = Pipeline("pg", lake, source, layouts={"public_t": OutputLayout(schema_evolution="add")})
+    pipeline.step()
+    execute(
+        postgres,
+        db,
+        "ALTER TABLE t ADD COLUMN note text",
+        "INSERT INTO t VALUES (2, 2, 'two')",
+        "UPDATE t SET note = 'one' WHERE id = 1",
+        "DELETE FROM t WHERE id = 2",
+    )
+    pipeline.step()
+    rows = output_table(lake, "pg", "public_t").sort_by([("_offset", "ascending"), ("seq", "ascending")])
+    got = [(r["op"], (r["after"] or r["before"])["id"], r["note"]) for r in rows.to_pylist()]
+    # The delete's old row is its key only (replica identity default): its note is null.
+    assert got == [("r", 1, None), ("c", 2, "two"), ("u", 1, "one"), ("d", 2, None)]
     drop_slot(postgres, db, source.options.slot)
