@@ -96,8 +96,10 @@ class OutputLayout:
                 f"{field}.schema_evolution",
                 f"must be one of {', '.join(EVOLUTION_MODES)}, got {self.schema_evolution!r}",
             )
-        if self.schema_evolution == "add" and envelope != "append":
-            raise ConfigError(f"{field}.schema_evolution", f"'add' needs an append output; {output!r} is {envelope}")
+        if self.schema_evolution == "add" and envelope not in ("append", "upsert"):
+            raise ConfigError(
+                f"{field}.schema_evolution", f"'add' needs an append or upsert output; {output!r} is {envelope}"
+            )
         if len(set(self.partition_by)) != len(self.partition_by):
             raise ConfigError(f"{field}.partition_by", "names a column twice")
         for name in self.partition_by:

@@ -37,7 +37,7 @@ from deltalake.schema import Field, PrimitiveType
 from deltalake.transaction import AddAction, RemoveAction
 
 from reclock.errors import ConfigError, FencedError
-from reclock.persist.evolution import commit_new_fields
+from reclock.persist.evolution import commit_new_fields, new_fields_of
 from reclock.persist.faults import lake_io
 from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
@@ -47,6 +47,7 @@ __all__ = [
     "append_unlabelled",
     "DELETED",
     "ENVELOPE",
+    "TRUNCATED",
     "INTO_TS",
     "DataFile",
     "OutputSink",
@@ -59,6 +60,10 @@ __all__ = [
 
 #: Staged-only column of upsert and debezium outputs: the record deletes its key.
 DELETED = "_deleted"
+
+#: Staged-only column of upsert and debezium outputs: the record is a TRUNCATE of its table (its
+#: key columns are null). The MERGE then deletes every row not written after it (:meth:`OutputSink._merge`).
+TRUNCATED = "_truncated"
 
 #: The table property naming an output's envelope. An ``append`` output only ever gains rows
 #: (``optimize`` rewrites files, never rows), so an as-of read of it needs no time travel and
@@ -245,10 +250,16 @@ class OutputSink:
 
     @property
     def write_schema(self) -> pa.Schema:
-        """What tasks write: the table's schema, plus ``_deleted`` when the commit is a MERGE."""
+        """What tasks write: the table's schema, plus ``_deleted`` and ``_truncated`` when the commit is a MERGE."""
         if self.staging is None:
             return self.schema
-        return self.schema.append(pa.field(DELETED, pa.bool_(), nullable=False))
+        return pa.schema(
+            [
+                *self.schema,
+                pa.field(DELETED, pa.bool_(), nullable=False),
+                pa.field(TRUNCATED, pa.bool_(), nullable=False),
+            ]
+        )
 
     def refresh(self) -> IntoTime:
         """Catch up with the table's newest version and read the label there: after a conflict, a
@@ -319,15 +330,18 @@ class OutputSink:
         A storage fault here leaves the files in place: the commit may even have landed before a
         post-commit step (a checkpoint) failed, and the retry's label check tells which.
         """
-        if any(f.new_fields for f in files):
-            self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
-            self._discard(files)
-        elif self.staging is not None and files:
+        if self.staging is not None and files:
             held = table.version()
-            self._merge(table, self.staging, files, properties)
+            new = new_fields_of(files)
+            self._merge(table, self.staging, files, properties, new)
             if table.version() == held:
                 # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
                 table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
+            elif new:
+                self.schema = pa.schema([*self.schema, *(pa.field(name, pa.string()) for name in new)])
+        elif any(f.new_fields for f in files):
+            self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
+            self._discard(files)
         else:
             actions: list[AddAction | RemoveAction] = [
                 AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files
@@ -340,24 +354,50 @@ class OutputSink:
                 commit_properties=properties,
             )
 
-    def _merge(self, table: DeltaTable, staging: LakePath, files: list[DataFile], properties: CommitProperties) -> None:
+    def _merge(
+        self,
+        table: DeltaTable,
+        staging: LakePath,
+        files: list[DataFile],
+        properties: CommitProperties,
+        new: list[str],
+    ) -> None:
         """One MERGE of the latest staged record per key (``files``, in ``staging``), on the snapshot
-        the label was read from."""
-        staged = self.store.read_parquet([str(staging / f.path) for f in files], schema=self.write_schema)
+        the label was read from. Fields the records bring (``new``, under ``add``) become nullable
+        string columns in that same commit (delta-rs's MERGE with ``merge_schema``): rows the MERGE
+        does not write read them as null.
+
+        A TRUNCATE record (``_truncated``) empties the table at its place in the batch's order: the
+        records before the last one are dropped, and the MERGE also deletes every row of the
+        table that no later record writes. So the rows a TRUNCATE removes go in the same commit
+        as the batch's other changes, and a read as of any label never sees half of it. Records
+        of one source time keep their order in the files (a source writes a transaction's
+        changes of an output in one batch, in order), which places a TRUNCATE among them.
+        """
+        schema = pa.schema([*self.write_schema, *(pa.field(name, pa.string()) for name in new)])
+        staged = self.store.read_parquet([str(staging / f.path) for f in files], schema=schema)
         order = staged.append_column("__order", pa.array(range(staged.num_rows), pa.int64()))
         order = order.sort_by([(INTO_TS, "ascending"), (OFFSET, "ascending"), ("__order", "ascending")])
+        truncates = pc.indices_nonzero(pc.fill_null(order.column(TRUNCATED), False))
+        truncated = len(truncates) > 0
+        if truncated:
+            order = order.slice(truncates[-1].as_py() + 1)
         order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))
         latest = order.group_by(list(self.key)).aggregate([("__rank", "max")]).column("__rank_max")
         batch = order.take(latest).drop_columns(["__order", "__rank"])
-        columns = {name: f"s.`{name}`" for name in self.schema.names}
+        columns = {name: f"s.`{name}`" for name in [*self.schema.names, *new]}
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.key)
-        (
-            table.merge(batch, on, source_alias="s", target_alias="t", commit_properties=properties)
+        merge = (
+            table.merge(
+                batch, on, source_alias="s", target_alias="t", merge_schema=bool(new), commit_properties=properties
+            )
             .when_matched_delete(predicate=f"s.`{DELETED}`")
             .when_matched_update(columns, predicate=f"NOT s.`{DELETED}`")
             .when_not_matched_insert(columns, predicate=f"NOT s.`{DELETED}`")
-            .execute()
         )
+        if truncated:
+            merge = merge.when_not_matched_by_source_delete()
+        merge.execute()
 
     def _discard(self, files: list[DataFile]) -> None:
         for f in files:

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 
 from reclock.errors import ContractError
 from reclock.persist.layout import INTO_DATE, PARTITION_ERROR, into_dates, unplaceable
-from reclock.persist.sink import DELETED
+from reclock.persist.sink import DELETED, TRUNCATED
 from reclock.sources.base import error_batch
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
 
@@ -22,9 +22,18 @@ __all__ = ["output_rows", "split_null_keys", "split_unplaceable", "unwrap"]
 
 
 def unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
-    """Give upsert and debezium batches the row columns plus ``_deleted``; append passes through."""
+    """Give upsert and debezium batches the row columns plus ``_deleted`` and ``_truncated`` (false
+    unless the source marks a TRUNCATE); append passes through."""
     if envelope == "append":
         return batch
+    batch = _deletes(batch, envelope, key)
+    if batch.schema.get_field_index(TRUNCATED) >= 0:
+        return batch
+    return batch.append_column(TRUNCATED, pa.array(np.zeros(batch.num_rows, dtype=bool)))
+
+
+def _deletes(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
+    """``_deleted``: a debezium ``d``, the source's own column, or an upsert record of nulls only."""
     if envelope == "debezium":
         deleted = pc.fill_null(pc.equal(batch.column("op"), "d"), False)
         before, after = batch.column("before"), batch.column("after")
@@ -53,10 +62,13 @@ def unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.Rec
 
 
 def split_null_keys(table: pa.Table, key: tuple[str, ...], errors: pa.Schema) -> tuple[pa.Table, pa.Table]:
-    """Rows without a key cannot be upserted: they become ``_errors`` rows, never silently lost."""
+    """Rows without a key cannot be upserted: they become ``_errors`` rows, never silently lost.
+    A TRUNCATE record has no key: it stays."""
     missing = pc.is_null(table.column(key[0]))
     for name in key[1:]:
         missing = pc.or_(missing, pc.is_null(table.column(name)))
+    if TRUNCATED in table.column_names:
+        missing = pc.and_(missing, pc.invert(pc.fill_null(table.column(TRUNCATED), False)))
     if not pc.any(missing).as_py():
         return table, errors.empty_table()
     bad = table.filter(missing)

@@ -331,6 +331,8 @@ class _Task:
         layout = plan.layouts.get(output, _PLAIN)
         if layout.schema_evolution != "none" or output in plan.added:  # added columns: null if no field
             batch, new = evolve(batch, schema, layout, plan.added.get(output, ()))
+        for name, column in new.items():  # beside the others, so an upsert record of new fields only is no delete
+            batch = batch.append_column(pa.field(name, pa.string()), column)
         shaped = output_rows(unwrap(batch, envelope, key), into, schema)
         for name, column in new.items():
             shaped = shaped.append_column(pa.field(name, pa.string()), column)

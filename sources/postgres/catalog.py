@@ -1,16 +1,23 @@
 """What the server says about the source's tables: columns, types, keys, replica identity.
 
-Read once when the source is built (on the driver), into picklable :class:`TableSpec` values that
+Read when the source is built (on the driver), into picklable :class:`TableSpec` values that
 travel to the readers: a reader checks every ``Relation`` message against its table's spec, so a
-definition that changed under the pipeline is a definite error naming the table, never rows in
-the wrong columns. Here too the checks that make a server unusable, each one line saying what to
+definition that changed under the pipeline is a definite error naming the table and the column
+(dropped, or retyped to what the output cannot hold), never rows in the wrong columns; a column
+added is an unknown field of its output (``schema_evolution``). The specs the outputs were made
+for are kept in the source's state folder at the first start (:func:`pinned`): a later start
+describes the tables as they are now, but its outputs, and the replay of WAL written before an
+``ALTER TABLE``, stay those of the first. Here too the checks that make a server unusable, each one line saying what to
 run: ``wal_level`` not ``logical``, a table missing, a table without a usable replica identity.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -20,7 +27,10 @@ from reclock.sources.base import Output
 from reclock.sources.postgres.columns import arrow_type
 from reclock.sources.postgres.config import TableName, output_name
 
-__all__ = ["CHANGE_COLUMNS", "ColumnSpec", "TableSpec", "check_wal_level", "describe", "ensure_publication"]
+__all__ = ["CHANGE_COLUMNS", "ColumnSpec", "TableSpec", "check_wal_level", "describe", "ensure_publication", "pinned"]
+
+#: The file in the source's state folder holding the specs the outputs were made for.
+TABLES = "tables.json"
 
 
 @dataclass(frozen=True)
@@ -141,3 +151,36 @@ def ensure_publication(cursor: Any, publication: str, tables: Sequence[TableName
     missing = [t for t in tables if t not in published]
     if missing:
         cursor.execute(f'ALTER PUBLICATION "{publication}" ADD TABLE {", ".join(t.quoted for t in missing)}')
+
+
+def pinned(state: Path | None, specs: Sequence[TableSpec]) -> tuple[TableSpec, ...]:
+    """The specs the pipeline's outputs were made for: those ``state`` keeps, or ``specs`` (the
+    tables as they are now), kept there from now on. Without a state folder (``reclock create``
+    checks a definition) ``specs`` as they are."""
+    if state is None:
+        return tuple(specs)
+    path = state / TABLES
+    try:
+        kept = json.loads(path.read_text())
+    except FileNotFoundError:
+        state.mkdir(parents=True, exist_ok=True)
+        text = json.dumps([_spec_json(spec) for spec in specs])
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+        return tuple(specs)
+    made = {}
+    for item in kept:
+        columns = tuple(ColumnSpec(*c) for c in item["columns"])
+        table = TableName(*item["table"])
+        made[table] = TableSpec(table, columns, tuple(item["key"]), item["identity"])
+    return tuple(made.get(spec.table, spec) for spec in specs)
+
+
+def _spec_json(spec: TableSpec) -> dict[str, Any]:
+    return {
+        "table": [spec.table.schema, spec.table.name],
+        "columns": [[c.name, c.type_oid, c.typmod] for c in spec.columns],
+        "key": list(spec.key),
+        "identity": spec.identity,
+    }

@@ -9,12 +9,22 @@ binding.
 * ``upsert`` outputs get the table's columns and an explicit ``_deleted``; within a transaction
   only the last change of a key is kept (they share one ``_offset``, and the upsert keeps the
   latest offset per key, so two rows of one key at one offset would leave the winner to chance).
-  An update that changes the key deletes the old key. A TOASTed value the update did not change
+  An update that changes the key deletes the old key. A TRUNCATE drops the transaction's
+  earlier changes of its table and becomes one record marked ``_truncated`` (no key), placed
+  before the transaction's later changes of the table: the sink's MERGE then empties the output
+  at that point, in the batch's one commit. A TOASTed value the update did not change
   (``u``) is taken from the old row (replica identity full) or from the key's earlier change in
   the same transaction; when neither has it the change cannot be mirrored and goes to ``_errors``
   saying what to run.
 * ``append`` outputs get one row per change: ``before``, ``after``, ``op``, ``commit_lsn``,
   ``xid`` and ``seq`` (its order in the transaction).
+
+**Columns added** to a table after its output was made come after the output's columns in a
+change's rows, named by the change (``added``). For an output that evolves its schema (the
+runtime asks, :meth:`~reclock.sources.postgres.source.PostgresSource.keep_unknown_fields`) they
+go on as the record's unknown fields, one JSON object of text values (an ``append`` output: the
+new row's, or the old row's for a delete), and the output's ``schema_evolution`` decides; other
+outputs ignore them.
 
 Values are typed per column in one go (:func:`~reclock.sources.postgres.columns.typed_column`);
 a change with a value its column's type cannot hold goes to ``_errors`` with its coordinates.
@@ -23,32 +33,38 @@ a change with a value its column's type cannot hold goes to ``_errors`` with its
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from reclock.errors import DefiniteSourceError
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.columns import typed_column
 from reclock.sources.postgres.pgoutput import UNCHANGED
-from reclock.timeline.frontier import OFFSET, PARTITION
+from reclock.timeline.frontier import OFFSET, PARTITION, UNKNOWN_FIELDS
 
-__all__ = ["DELETED", "Change", "ChangeBatches"]
+__all__ = ["DELETED", "TRUNCATED", "Change", "ChangeBatches"]
 
 DELETED = "_deleted"
+#: The sink's staged column that marks a TRUNCATE record of an upsert output.
+TRUNCATED = "_truncated"
+
+#: The key of a transaction's TRUNCATE of a table among its changes by key (no real key is empty).
+_TRUNCATE: tuple = ()
 
 Row = tuple  # the text values of one row, in the table's column order (None: null)
 
 
 @dataclass(frozen=True)
 class Change:
-    """One change of a table: ``op`` is ``c``, ``u``, ``d``, ``t`` (truncate) or ``r`` (snapshot)."""
+    """One change of a table: ``op`` is ``c``, ``u``, ``d``, ``t`` (truncate) or ``r`` (snapshot).
+    Rows hold the output's columns, then the values of the columns ``added`` since it was made."""
 
     op: str
     old: Row | None
     new: Row | None
+    added: tuple[str, ...] = ()
 
 
 @dataclass
@@ -60,6 +76,7 @@ class _Pending:
     ops: list[str] = field(default_factory=list)
     olds: list[Row | None] = field(default_factory=list)
     news: list[Row | None] = field(default_factory=list)
+    addeds: list[tuple[str, ...]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -76,8 +93,10 @@ class ChangeBatches:
         *,
         flush_rows: int = 50_000,
         fail: bool = False,
+        unknown: Collection[str] = (),
     ) -> None:
         self.specs = {spec.output: spec for spec in specs}
+        self.unknown = frozenset(unknown)
         self.envelope = envelope
         self.partition = partition
         self.flush_rows = flush_rows
@@ -101,6 +120,7 @@ class ChangeBatches:
             pending.ops.append(change.op)
             pending.olds.append(change.old)
             pending.news.append(change.new)
+            pending.addeds.append(change.added)
         yield from self._flush(full_only=True)
 
     def finish(self) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -112,24 +132,24 @@ class ChangeBatches:
         for output, change in changes:
             spec = self.specs[output]
             if change.op == "t":
-                raise DefiniteSourceError(
-                    f"table {spec.table.qualified} was truncated at LSN {offset}: an upsert output cannot follow a "
-                    "TRUNCATE (use envelope = 'append', or recreate the pipeline)"
-                )
+                for earlier in [k for k in latest if k[0] == output]:
+                    del latest[earlier]
+                latest[(output, _TRUNCATE)] = change
+                continue
             key_at = [i for i, c in enumerate(spec.columns) if c.name in spec.key]
             if change.op in ("u", "d") and change.old is not None:
                 old_key = tuple(change.old[i] for i in key_at)
                 before = latest.get((output, old_key))
                 if change.op == "u" and change.new is not None and UNCHANGED in change.new:
-                    change = Change(change.op, change.old, _filled(change.new, change.old, before))
+                    change = Change(change.op, change.old, _filled(change.new, change.old, before), change.added)
                 if change.op == "d" or tuple(change.new[i] for i in key_at) != old_key:  # type: ignore[index]
                     latest.pop((output, old_key), None)
-                    latest[(output, old_key)] = Change("d", change.old, None)
+                    latest[(output, old_key)] = Change("d", change.old, None, change.added)
             if change.new is not None:
                 new_key = tuple(change.new[i] for i in key_at)
                 before = latest.get((output, new_key))
                 if UNCHANGED in change.new:
-                    change = Change(change.op, change.old, _filled(change.new, None, before))
+                    change = Change(change.op, change.old, _filled(change.new, None, before), change.added)
                 latest.pop((output, new_key), None)  # re-inserted: its position is its last change's
                 latest[(output, new_key)] = change
         return [(output, change) for (output, _), change in latest.items()]
@@ -159,11 +179,16 @@ class ChangeBatches:
             columns, wrong = self._typed(spec, [None if i in bad else r for i, r in enumerate(rows)])
             self._reject_values(spec, pending, wrong - bad)
             keep = [i for i in range(n) if i not in bad and i not in wrong]
-            deleted = pa.array([pending.ops[i] == "d" for i in keep], pa.bool_())
+            deleted = pa.array([pending.ops[i] in ("d", "t") for i in keep], pa.bool_())
+            truncated = pa.array([pending.ops[i] == "t" for i in keep], pa.bool_())
             own = [column.take(pa.array(keep, pa.int64())) for column in columns]
             names = [c.name for c in spec.columns]
-            arrays = [*self._lineage(pending, keep), *own, deleted]
-            yield output, pa.RecordBatch.from_arrays(arrays, names=[PARTITION, OFFSET, *names, DELETED])
+            arrays = [*self._lineage(pending, keep), *own, deleted, truncated]
+            names = [PARTITION, OFFSET, *names, DELETED, TRUNCATED]
+            if output in self.unknown:
+                arrays.append(_unknown(spec, rows, pending.addeds, keep))
+                names.append(UNKNOWN_FIELDS)
+            yield output, pa.RecordBatch.from_arrays(arrays, names=names)
             return
         befores, wrong_before = self._typed(spec, pending.olds)
         afters, wrong_after = self._typed(spec, pending.news)
@@ -181,12 +206,12 @@ class ChangeBatches:
             pa.array([pending.xids[i] for i in keep], pa.int64()),
             pa.array([pending.seqs[i] for i in keep], pa.int64()),
         ]
-        yield (
-            output,
-            pa.RecordBatch.from_arrays(
-                arrays, names=[PARTITION, OFFSET, "before", "after", "op", "commit_lsn", "xid", "seq"]
-            ),
-        )
+        names = [PARTITION, OFFSET, "before", "after", "op", "commit_lsn", "xid", "seq"]
+        if output in self.unknown:
+            rows = [new if new is not None else old for new, old in zip(pending.news, pending.olds, strict=True)]
+            arrays.append(_unknown(spec, rows, pending.addeds, keep))
+            names.append(UNKNOWN_FIELDS)
+        yield output, pa.RecordBatch.from_arrays(arrays, names=names)
 
     def _lineage(self, pending: _Pending, keep: list[int]) -> list[pa.Array]:
         return [
@@ -230,10 +255,28 @@ def _filled(new: Row, old: Row | None, before: Change | None) -> Row:
     for j, value in enumerate(values):
         if value is UNCHANGED:
             for row in sources:
-                if row[j] is not UNCHANGED:
+                if j < len(row) and row[j] is not UNCHANGED:
                     values[j] = row[j]
                     break
     return tuple(values)
+
+
+def _unknown(
+    spec: TableSpec, rows: Sequence[Row | None], addeds: Sequence[tuple[str, ...]], keep: list[int]
+) -> pa.Array:
+    """Per kept row, its values of the columns added since the output was made, as one JSON
+    object (null when there are none; an unsent TOAST value as null)."""
+    width = len(spec.columns)
+    out: list[str | None] = []
+    for i in keep:
+        row, added = rows[i], addeds[i]
+        if row is None or not added:
+            out.append(None)
+            continue
+        values = row[width:]
+        fields = {name: None if v is UNCHANGED else v for name, v in zip(added, values, strict=True)}
+        out.append(json.dumps(fields, separators=(",", ":"), ensure_ascii=False))
+    return pa.array(out, pa.string())
 
 
 def _struct(columns: list[pa.Array], row_type: pa.StructType, missing: list[bool], take: pa.Array) -> pa.Array:

@@ -43,7 +43,7 @@ from reclock.sources.base import (
     check_record_error_policy,
     run_in_order,
 )
-from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication
+from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication, pinned
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
 from reclock.sources.postgres.config import PostgresOptions, slot_name
@@ -121,10 +121,12 @@ class PostgresSource(SourceBase):
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
                 check_wal_level(cur)
-                self.specs: tuple[TableSpec, ...] = describe(cur, self.options.tables, self.options.envelope)
+                now = describe(cur, self.options.tables, self.options.envelope)
                 ensure_publication(cur, self.options.publication, self.options.tables)
         finally:
             conn.close()
+        self.specs: tuple[TableSpec, ...] = pinned(self.state, now)
+        self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
 
     @classmethod
@@ -151,6 +153,14 @@ class PostgresSource(SourceBase):
 
     def outputs(self) -> Sequence[Output]:
         return [spec.as_output(self.options.envelope) for spec in self.specs]
+
+    def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
+        """Columns added to these outputs' tables go on as unknown fields (``schema_evolution``)."""
+        known = {spec.output for spec in self.specs}
+        unknown = [name for name in outputs if name not in known]
+        if unknown:
+            raise ConfigError(f"outputs.{unknown[0]}.schema_evolution", f"the source has no output {unknown[0]!r}")
+        self._unknown = frozenset(outputs)
 
     def upper(self) -> Frontier:
         """The server's WAL flush position; the first call captures the snapshot if none is."""
@@ -193,6 +203,7 @@ class PostgresSource(SourceBase):
             encode_partition(WAL),
             flush_rows=self.flush_rows,
             fail=self.on_record_error == "fail",
+            unknown=self._unknown,
         )
         if isinstance(split, ChunkSplit):
             assert split.chunk is not None

@@ -17,6 +17,12 @@ a change before it moves that position past the change's commit, so the slot can
 confirmed over WAL without a change of the publication, which a replay of the range would not
 read either (docs/sources/postgres.md, "Offsets committed upstream").
 A read that sees no progress for ``read_timeout_s`` is a transient error: the batch is retried.
+
+A ``Relation`` message (sent before a table's first change in a session, and again after its
+definition changed) is matched with the table's spec by column name: a column of the output
+missing (dropped, renamed) or of another type than the output holds is a definite error naming
+the table and the column; columns added come after the output's in each change's rows, named
+(:class:`~reclock.sources.postgres.changes.Change`), for the output's ``schema_evolution``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from __future__ import annotations
 import select
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -32,6 +38,7 @@ from reclock.errors import DefiniteSourceError
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import PostgresUnavailable, replication, server_errors
+from reclock.sources.postgres.columns import arrow_type
 from reclock.sources.postgres.pgoutput import (
     Begin,
     Commit,
@@ -39,6 +46,7 @@ from reclock.sources.postgres.pgoutput import (
     Insert,
     Relation,
     Truncate,
+    Tuple,
     Update,
     decode_message,
     lsn_text,
@@ -61,7 +69,7 @@ def read_range(
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Every change committed in ``[start, end)``, as ``batches`` builds them (see the module docstring)."""
     by_name = {spec.table.qualified: spec for spec in specs}
-    relations: dict[int, TableSpec] = {}
+    relations: dict[int, _Columns | None] = {}
     conn, cursor = replication(dsn, slot, publication, start, wait_s=read_timeout_s)
     try:
         with server_errors(slot, publication):
@@ -108,36 +116,59 @@ def read_range(
         conn.close()
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """Where a relation's columns go: the output's, in its order, then the ``added`` ones."""
+
+    output: str
+    order: tuple[int, ...]  # positions in the relation's rows: the output's columns, then the added
+    added: tuple[str, ...]
+
+    def row(self, values: Tuple | None) -> Tuple | None:
+        return None if values is None else tuple(values[i] for i in self.order)
+
+
 def _changes(
-    message: Insert | Update | Delete | Truncate, relations: Mapping[int, TableSpec]
+    message: Insert | Update | Delete | Truncate, relations: Mapping[int, _Columns | None]
 ) -> list[tuple[str, Change]]:
     if isinstance(message, Truncate):
-        return [(relations[r].output, Change("t", None, None)) for r in message.relation_ids if r in relations]
-    spec = relations.get(message.relation_id)
-    if spec is None:  # a table of the publication the pipeline does not read
+        read = [relations.get(r) for r in message.relation_ids]
+        return [(columns.output, Change("t", None, None)) for columns in read if columns is not None]
+    columns = relations.get(message.relation_id)
+    if columns is None:  # a table of the publication the pipeline does not read
         return []
     if isinstance(message, Insert):
-        return [(spec.output, Change("c", None, message.new))]
+        return [(columns.output, Change("c", None, columns.row(message.new), columns.added))]
     if isinstance(message, Update):
-        return [(spec.output, Change("u", message.old, message.new))]
-    return [(spec.output, Change("d", message.old, None))]
+        return [(columns.output, Change("u", columns.row(message.old), columns.row(message.new), columns.added))]
+    return [(columns.output, Change("d", columns.row(message.old), None, columns.added))]
 
 
-def _checked(relation: Relation, by_name: Mapping[str, TableSpec]) -> Any:
-    """The spec of ``relation``'s table, if the pipeline reads it; a definite error if the table's
-    columns are no longer those its output was made for."""
+def _checked(relation: Relation, by_name: Mapping[str, TableSpec]) -> _Columns | None:
+    """Where ``relation``'s columns go, if the pipeline reads its table; a definite error naming
+    the column if one its output was made for is gone or holds another type now."""
     spec = by_name.get(relation.qualified)
     if spec is None:
         return None
-    now = [(c.name, c.type_oid) for c in relation.columns]
-    made = [(c.name, c.type_oid) for c in spec.columns]
-    if now != made:
-        raise DefiniteSourceError(
-            f"table {relation.qualified} changed: its columns are now {_columns(now)}, its output was made for "
-            f"{_columns(made)}; recreate the pipeline to follow the new definition"
-        )
-    return spec
-
-
-def _columns(columns: list[tuple[str, int]]) -> str:
-    return ", ".join(f"{name} (type {oid})" for name, oid in columns)
+    now = {c.name: i for i, c in enumerate(relation.columns)}
+    for column in spec.columns:
+        at = now.get(column.name)
+        if at is None:
+            raise DefiniteSourceError(
+                f"table {relation.qualified}: column {column.name} was dropped or renamed, and output {spec.output} "
+                "holds it; recreate the pipeline to follow the new definition"
+            )
+        new = relation.columns[at]
+        kind = arrow_type(new.type_oid, new.typmod)
+        if kind != column.arrow:
+            raise DefiniteSourceError(
+                f"table {relation.qualified}: column {column.name} is now of type OID {new.type_oid} ({kind}), and "
+                f"output {spec.output} holds {column.arrow}; recreate the pipeline to follow the new definition"
+            )
+    made = {column.name for column in spec.columns}
+    added = tuple(i for i, c in enumerate(relation.columns) if c.name not in made)
+    return _Columns(
+        spec.output,
+        (*(now[column.name] for column in spec.columns), *added),
+        tuple(relation.columns[i].name for i in added),
+    )

@@ -13,10 +13,10 @@ import struct
 import pyarrow as pa
 import pytest
 
-from reclock.errors import ConfigError, DefiniteSourceError
+from reclock.errors import ConfigError
 from reclock.sources.base import ERRORS
 from reclock.sources.postgres.catalog import ColumnSpec, TableSpec
-from reclock.sources.postgres.changes import DELETED, Change, ChangeBatches
+from reclock.sources.postgres.changes import DELETED, TRUNCATED, Change, ChangeBatches
 from reclock.sources.postgres.config import PostgresOptions, TableName, slot_name
 from reclock.sources.postgres.pgoutput import (
     UNCHANGED,
@@ -133,10 +133,20 @@ def test_a_value_its_type_cannot_hold_goes_to_errors_at_its_commit():
     assert [(e["_offset"], e["kind"]) for e in _rows(out, ERRORS)] == [(800, "decode")]
 
 
-def test_an_upsert_output_cannot_follow_a_truncate():
+def test_a_truncate_of_an_upsert_output_drops_the_earlier_changes_and_comes_before_the_later():
     changes = ChangeBatches([SPEC], "upsert", "wal")
-    with pytest.raises(DefiniteSourceError, match=r"table public\.t was truncated"):
-        list(changes.transaction(900, 900, 4, [("public_t", Change("t", None, None))]))
+    txn = [
+        ("public_t", Change("c", None, ("1", "a", "1"))),
+        ("public_t", Change("c", None, ("2", "b", "2"))),
+        ("public_t", Change("t", None, None)),
+        ("public_t", Change("c", None, ("2", "c", "3"))),
+    ]
+    out = list(changes.transaction(900, 900, 4, txn)) + list(changes.finish())
+    rows = _rows(out, "public_t")
+    assert [(r["id"], r["v"], r[DELETED], r[TRUNCATED]) for r in rows] == [
+        (None, None, True, True),
+        (2, "c", False, False),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import Output
 from reclock.sources.files import FilesSource
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
+from reclock.timeline.frontier import UNKNOWN_FIELDS
 from tests.delta_log import replay
 
 COLUMNS = {"id": "int64", "name": "string"}
@@ -158,15 +159,15 @@ def test_without_a_policy_unknown_fields_are_ignored_as_before(tmp_path):
     assert sorted(r["id"] for r in state.rows()) == [1, 2, 3, 4, 5]
 
 
-def test_add_on_an_upsert_output_or_parquet_files_is_refused_naming_the_field(tmp_path):
+def test_add_on_a_debezium_output_or_parquet_files_is_refused_naming_the_field(tmp_path):
     (tmp_path / "in").mkdir()
     source = FilesSource(path=str(tmp_path / "in"), format="parquet", columns=COLUMNS)
     add = {"rows": OutputLayout(schema_evolution="add")}
     with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: parquet files cannot report new fields"):
         Pipeline("pipe", tmp_path / "lake", source, layouts=add)
-    upserts = MemorySource({"rows": Output("rows", pa.schema([("id", pa.int64())]), ("id",), "upsert")})
-    with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: 'add' needs an append output"):
-        Pipeline("pipe", tmp_path / "lake", upserts, layouts=add)
+    debezium = MemorySource({"rows": Output("rows", pa.schema([("id", pa.int64())]), ("id",), "debezium")})
+    with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: 'add' needs an append or upsert output"):
+        Pipeline("pipe", tmp_path / "lake", debezium, layouts=add)
     with pytest.raises(ConfigError, match=r"outputs\.rows\.schema_evolution: a MemorySource cannot report"):
         Pipeline("pipe", tmp_path / "lake", MemorySource({"rows": pa.schema([("id", pa.int64())])}), layouts=add)
 
@@ -228,3 +229,55 @@ def test_an_output_may_change_its_policy_and_keeps_every_column_it_had(tmp_path)
     assert rows[40][0] is None and json.loads(rows[40][1]) == {"color": "c4", "shape": "round"}  # rescue
     assert rows[50] == (None, None, None)
     assert rows[60] == ("c6", None, "round")  # add again: color fills, shape is new
+
+
+class FieldsSource(MemorySource):
+    """A memory source whose records may bring fields their output lacks, handed on as a decoder
+    does (one JSON object per record in ``_unknown_fields``) once the runtime asks."""
+
+    keeping: frozenset[str] = frozenset()
+
+    def keep_unknown_fields(self, outputs):
+        self.keeping = frozenset(outputs)
+
+    def read(self, split):
+        records = self._log.get(split.partition, [])[split.start : split.end]
+        for output, batch in super().read(split):
+            if output in self.keeping:
+                declared = set(self._schemas[output].names)
+                extras = [
+                    {k: v for k, v in row.items() if k not in declared} for name, row in records if name == output
+                ]
+                unknown = pa.array([json.dumps(e) if e else None for e in extras], pa.string())
+                batch = batch.append_column(UNKNOWN_FIELDS, unknown)
+            yield output, batch
+
+
+def test_add_on_an_upsert_output_merges_the_new_column_in_the_batchs_commit(tmp_path):
+    """An upsert output under ``add``: the MERGE adds the column in its one labelled commit; rows
+    it does not write read null; a record whose declared values are null but that brings a new
+    field is an upsert, not a delete (a record of nulls only is)."""
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    source = FieldsSource({"rows": Output("rows", schema, ("id",), "upsert")})
+    layouts = {"rows": OutputLayout(schema_evolution="add")}
+    clock = FakeClock(T1)
+    source.append(0, "rows", [{"id": 1, "name": "a"}, {"id": 2, "name": "b"}, {"id": 4, "name": "d"}])
+    Pipeline("pipe", tmp_path / "lake", source, now=clock, layouts=layouts).step()
+    clock.ms = T2
+    source.append(
+        0,
+        "rows",
+        [
+            {"id": 1, "name": None, "color": "red"},
+            {"id": 2, "name": "B"},
+            {"id": 3, "name": "c", "color": 7},
+            {"id": 4, "name": None},
+        ],
+    )
+    Pipeline("pipe", tmp_path / "lake", source, now=clock, layouts=layouts).step()
+    state = replay(table_path(tmp_path))
+    got = {r["id"]: (r["name"], r["color"]) for r in state.rows()}
+    assert got == {1: (None, "red"), 2: ("B", None), 3: ("c", "7")}
+    versions = sorted((table_path(tmp_path) / "_delta_log").glob("*.json"))
+    last = [json.loads(line) for line in versions[-1].read_text().splitlines()]
+    assert any("metaData" in a for a in last) and any("txn" in a and a["txn"]["version"] == T2 for a in last)
