@@ -215,7 +215,7 @@ def _parser() -> argparse.ArgumentParser:
         default="kafka",
         help="kafka: produce to an embedded broker while a Kafka pipeline ingests (default); generator: no broker; "
         "postgres: transfers between two tables of a PostgreSQL server the demo starts, read as cuts that keep "
-        "the total; all: a Kafka, a files and a generator pipeline on one lake, read as one cut",
+        "the total; all: a Kafka, a files, a generator and a Postgres pipeline on one lake, read as one cut",
     )
     demo.set_defaults(func=_demo)
 

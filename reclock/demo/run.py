@@ -13,8 +13,9 @@ holds all of it.
 ``source="generator"`` runs the generator straight into the pipeline (no broker, a bounded source
 that finishes) and reads as of its closing binding. ``source="postgres"`` starts a PostgreSQL
 server and lands bank transfers between two tables, checking the invariant in every cut
-(:mod:`reclock.demo.transfers`). ``source="all"`` runs a Kafka, a files and a
-generator pipeline on one lake and reads one cut across them (:mod:`reclock.demo.timeline`).
+(:mod:`reclock.demo.transfers`). ``source="all"`` runs a Kafka, a files, a
+generator and a Postgres pipeline on one lake and reads one cut across them
+(:mod:`reclock.demo.timeline`).
 
 Production runs in its own process, so on a small machine the producer and the pipeline each get a
 core; its speed is kafka-python's per-record ``send()`` (about 25k records/s here whatever the
@@ -70,7 +71,8 @@ def run_demo(
     ``source="kafka"``: produce ``events`` generator events (at most ``rate`` a second) to an
     embedded broker while a Kafka pipeline ingests them, until every output holds every record.
     ``source="generator"``: the generator itself is the pipeline's source. ``source="postgres"``:
-    ``events`` transfers on a server the demo starts (or ``server``, one already running).
+    ``events`` transfers on a server the demo starts (or ``server``, one already running, which
+    ``source="all"`` uses too).
     ``events=None`` and ``rate=None`` are the source's :data:`DEFAULT_EVENTS` and :data:`DEFAULT_RATE`.
     """
     if source not in SOURCES:
@@ -78,7 +80,7 @@ def run_demo(
     events = DEFAULT_EVENTS[source] if events is None else events
     rate = DEFAULT_RATE[source] if rate is None else rate
     if source == "all":
-        return run_timeline_demo(lake, events=events, rate=rate, engine=engine, out=out)
+        return run_timeline_demo(lake, events=events, rate=rate, engine=engine, out=out, server=server)
     lake.store.delete_tree(lake.pipeline_dir(DEMO))
     if source == "postgres":
         return run_transfers_demo(lake, DEMO, transfers=events, rate=rate, engine=engine, out=out, server=server)

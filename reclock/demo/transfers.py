@@ -38,7 +38,21 @@ from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.source import WAL
 from reclock.timeline.frontier import Frontier, IntoTime
 
-__all__ = ["ACCOUNTS", "CLIENTS", "DATABASE", "MAX_CUTS", "OPENING_BALANCE", "TABLES", "run_transfers_demo"]
+__all__ = [
+    "ACCOUNTS",
+    "CLIENTS",
+    "DATABASE",
+    "MAX_CUTS",
+    "OPENING_BALANCE",
+    "TABLES",
+    "TOTAL",
+    "TransferClients",
+    "bank_source",
+    "flush_lsn",
+    "open_bank",
+    "run_transfers_demo",
+    "total",
+]
 
 #: The database the demo creates (dropped first if it exists) and the tables the pipeline reads.
 DATABASE = "bank"
@@ -46,6 +60,7 @@ TABLES = ("checking", "savings")
 ACCOUNTS = 1_000
 #: Every account opens with this much in each table, so the total is ``2 * ACCOUNTS * OPENING_BALANCE``.
 OPENING_BALANCE = 1_000
+TOTAL = 2 * ACCOUNTS * OPENING_BALANCE
 CLIENTS = 4
 #: Cuts checked at most (reading a cut opens every output's Delta log: a few tens of ms each).
 MAX_CUTS = 200
@@ -69,8 +84,7 @@ def run_transfers_demo(
     the demo's own server is stopped and its data directory removed at the end.
     """
     with PostgresServer() if server is None else nullcontext(server) as running:
-        dsn = running.create_database(DATABASE)
-        _open_accounts(running)
+        dsn = open_bank(running)
         config = parse_config(
             {
                 "pipeline": {
@@ -80,7 +94,7 @@ def run_transfers_demo(
                     "batch_interval": 0.2,
                     "max_batch": 1,
                 },
-                "source": {"kind": "postgres", "dsn": dsn, "tables": [f"public.{t}" for t in TABLES]},
+                "source": bank_source(dsn),
             }
         )
         lifecycle.create(config, storage_options=lake.store.options)
@@ -108,11 +122,31 @@ def run_transfers_demo(
     return _check_cuts(lake, name, [time for time, _ in pipeline.remap.bindings], database, out)
 
 
-def _open_accounts(server: PostgresServer) -> None:
+def open_bank(server: PostgresServer) -> str:
+    """The database :data:`DATABASE` (made afresh) with its accounts; its DSN."""
+    dsn = server.create_database(DATABASE)
     with closing(server.connect(DATABASE)) as conn, conn.cursor() as cur:
         for table in TABLES:
             cur.execute(f"CREATE TABLE {table} (account int PRIMARY KEY, balance numeric(14,2) NOT NULL)")
             cur.execute(f"INSERT INTO {table} SELECT g, %s FROM generate_series(1, %s) g", (OPENING_BALANCE, ACCOUNTS))
+    return dsn
+
+
+def bank_source(dsn: str) -> dict[str, Any]:
+    """The pipeline's source: both tables, upsert outputs ``public_checking`` and ``public_savings``."""
+    return {"kind": "postgres", "dsn": dsn, "tables": [f"public.{t}" for t in TABLES]}
+
+
+def flush_lsn(server: PostgresServer) -> int:
+    """The server's WAL flush position: every transaction committed so far is below it."""
+    with closing(server.connect(DATABASE)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_flush_lsn()")
+        return parse_lsn(cur.fetchone()[0])
+
+
+def total(cut: dict[str, Any]) -> Any:
+    """The money in a cut of the pipeline's outputs (``read_as_of``): both tables' balances summed."""
+    return sum(sum(cut[f"public_{t}"]["balance"].to_pylist()) for t in TABLES)
 
 
 def _balances(server: PostgresServer, table: str) -> dict[int, Decimal]:
@@ -121,7 +155,7 @@ def _balances(server: PostgresServer, table: str) -> dict[int, Decimal]:
         return dict(cur.fetchall())
 
 
-class _Clients:
+class TransferClients:
     """:data:`CLIENTS` threads that commit ``transfers`` transfers in all, paced to ``rate``; the
     first error any of them met (the watcher reports it)."""
 
@@ -186,7 +220,7 @@ class _Watcher(threading.Thread):
         self.error: str | None = None
 
     def run(self) -> None:
-        self.clients: _Clients | None = None
+        self.clients: TransferClients | None = None
         try:
             self._watch()
         finally:
@@ -194,7 +228,7 @@ class _Watcher(threading.Thread):
                 self.clients.close()
 
     def _watch(self) -> None:
-        clients: _Clients | None = None
+        clients: TransferClients | None = None
         flushed: int | None = None
         while not self.done.wait(_POLL_S):
             status = read_status(self.lake, self.name) or {}
@@ -203,7 +237,7 @@ class _Watcher(threading.Thread):
                 return
             if clients is None:
                 if health == Health.RUNNING.value:  # the job is up (Spark too): transfer into it, live
-                    clients = self.clients = _Clients(self.server, self.transfers, self.rate)
+                    clients = self.clients = TransferClients(self.server, self.transfers, self.rate)
                     self.out.write("\ndemo: the pipeline is running; transferring\n")
                     self.out.flush()
                 continue
@@ -215,7 +249,7 @@ class _Watcher(threading.Thread):
                     lifecycle.request_stop(self.lake, self.name)
                     return
                 seconds = max(time.monotonic() - clients.started, 1e-9)
-                flushed = self._flush_lsn()
+                flushed = flush_lsn(self.server)
                 self.out.write(
                     f"\ndemo: {self.transfers:,} transfers committed in {seconds:.1f} s "
                     f"({self.transfers / seconds:,.0f}/s); waiting until every output holds all of them\n"
@@ -225,11 +259,6 @@ class _Watcher(threading.Thread):
                 self.complete = True
                 lifecycle.request_stop(self.lake, self.name)
                 return
-
-    def _flush_lsn(self) -> int:
-        with closing(self.server.connect(DATABASE)) as conn, conn.cursor() as cur:
-            cur.execute("SELECT pg_current_wal_flush_lsn()")
-            return parse_lsn(cur.fetchone()[0])
 
 
 def _check_cuts(
@@ -242,20 +271,18 @@ def _check_cuts(
     if len(times) > MAX_CUTS:
         step = (len(times) - 1) / (MAX_CUTS - 1)
         times = [times[round(i * step)] for i in range(MAX_CUTS)]
-    total = 2 * ACCOUNTS * OPENING_BALANCE
     out.write(f"\ndemo: reading both tables as of {len(times):,} of the pipeline's {len(bindings):,} binding times\n")
     for at in times:
-        cut = _cut(lake, name, at)
-        found = sum(sum(rows.values()) for rows in cut.values())
-        if found != total:
-            out.write(f"demo: the cut at {at} holds a total of {found}, not {total}: a transfer is half-applied\n")
+        found = total(read_as_of(lake, name, at))
+        if found != TOTAL:
+            out.write(f"demo: the cut at {at} holds a total of {found}, not {TOTAL}: a transfer is half-applied\n")
             return None
     last = _cut(lake, name, times[-1])
     if last != database:
         out.write(f"demo: the last cut ({times[-1]}) differs from the database's tables\n")
         return None
     out.write(
-        f"demo: the total over {' + '.join(TABLES)} is {total:,} in every cut: no transfer is ever half in the lake; "
+        f"demo: the total over {' + '.join(TABLES)} is {TOTAL:,} in every cut: no transfer is ever half in the lake; "
         f"the last cut ({times[-1]}) equals the database, row for row\n"
     )
     return times[-1]
