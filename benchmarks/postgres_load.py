@@ -90,6 +90,7 @@ def create_tables(dsn: str) -> None:
 
 def _values(first: str) -> str:
     """The SELECT list of an event row whose id is the expression ``first``."""
+    first = f"({first})"
     return (
         f"{first}, 'user-' || lpad(({first} % 50000)::text, 5, '0'), ({first} % 997) + 0.25, "
         f"(ARRAY['click','view','scroll','buy'])[({first} % 4) + 1], '/p/' || lpad(({first} % 5000)::text, 4, '0'), "
