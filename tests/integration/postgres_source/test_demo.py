@@ -15,6 +15,8 @@ import socket
 from decimal import Decimal
 from pathlib import Path
 
+import pytest
+
 from reclock.demo.run import DEMO, run_demo
 from reclock.demo.transfers import ACCOUNTS, DATABASE, OPENING_BALANCE, TABLES
 from reclock.persist.lake import Lake
@@ -80,7 +82,8 @@ def test_the_demo_lands_every_transfer_whole_in_every_cut(postgres, tmp_path):
         drop_slot(postgres, DATABASE, "reclock_demo")
 
 
-def test_the_demo_command_starts_and_stops_its_own_server(tmp_path):
+@pytest.mark.postgres  # the demo's own server, started by the command
+def test_the_demo_command_starts_and_stops_its_own_server(tmp_path, reclock_processes):
     done = reclock_cli(
         "--lake", str(tmp_path / "lake"), "demo", "--source", "postgres", "--engine", "local", "--events", "500"
     )
