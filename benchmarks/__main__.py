@@ -28,6 +28,9 @@ SCENARIOS = [
     "registry_avro",
     "status_page",
     "s3_requests",
+    "postgres_snapshot",
+    "postgres_stream",
+    "postgres_freshness",
 ]
 
 

@@ -196,15 +196,26 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(required=True, metavar="command")
 
     demo = commands.add_parser("demo", help="run a Kafka pipeline end to end on an embedded broker")
-    demo.add_argument("--events", type=_count, default=400_000, help="events the generator produces")
-    demo.add_argument("--rate", type=_rate, default=50_000, help="events per second (at most)")
+    demo.add_argument(
+        "--events",
+        type=_count,
+        default=None,
+        help="events the generator produces (default 400,000); with --source postgres: transfers (default 20,000)",
+    )
+    demo.add_argument(
+        "--rate",
+        type=_rate,
+        default=None,
+        help="events per second at most (default 50,000); with --source postgres: transfers (default 2,000)",
+    )
     demo.add_argument("--engine", choices=("spark", "local"), default="spark")
     demo.add_argument(
         "--source",
-        choices=("kafka", "generator", "all"),
+        choices=("kafka", "generator", "postgres", "all"),
         default="kafka",
         help="kafka: produce to an embedded broker while a Kafka pipeline ingests (default); generator: no broker; "
-        "all: a Kafka, a files and a generator pipeline on one lake, read as one cut",
+        "postgres: transfers between two tables of a PostgreSQL server the demo starts, read as cuts that keep "
+        "the total; all: a Kafka, a files, a generator and a Postgres pipeline on one lake, read as one cut",
     )
     demo.set_defaults(func=_demo)
 

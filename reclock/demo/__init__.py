@@ -1,2 +1,3 @@
-"""``reclock demo``: the embedded default (:mod:`reclock.demo.run`), its three-pipeline timeline
-demo, the Kafka producer both use, and the embedded Tansu broker the tests share."""
+"""``reclock demo``: the embedded default (:mod:`reclock.demo.run`), its timeline demo of four
+pipelines, the Postgres transfers demo, the Kafka producer they use, and the embedded Tansu broker
+and PostgreSQL server the tests and benchmarks share."""

@@ -11,8 +11,11 @@ pipeline ends *stopped*, not *finished*; the demo returns the into time of the c
 holds all of it.
 
 ``source="generator"`` runs the generator straight into the pipeline (no broker, a bounded source
-that finishes) and reads as of its closing binding. ``source="all"`` runs a Kafka, a files and a
-generator pipeline on one lake and reads one cut across them (:mod:`reclock.demo.timeline`).
+that finishes) and reads as of its closing binding. ``source="postgres"`` starts a PostgreSQL
+server and lands bank transfers between two tables, checking the invariant in every cut
+(:mod:`reclock.demo.transfers`). ``source="all"`` runs a Kafka, a files, a
+generator and a Postgres pipeline on one lake and reads one cut across them
+(:mod:`reclock.demo.timeline`).
 
 Production runs in its own process, so on a small machine the producer and the pipeline each get a
 core; its speed is kafka-python's per-record ``send()`` (about 25k records/s here whatever the
@@ -26,8 +29,10 @@ import tempfile
 import threading
 from typing import Any, TextIO
 
+from reclock.demo.postgres_server import PostgresServer
 from reclock.demo.produce import DEMO_PARTITIONS, ProducerProcess, create_topics, kafka_source
 from reclock.demo.timeline import run_timeline_demo
+from reclock.demo.transfers import run_transfers_demo
 from reclock.errors import ConfigError
 from reclock.job import lifecycle
 from reclock.job.config import parse_config
@@ -37,30 +42,48 @@ from reclock.persist.lake import Lake
 from reclock.runtime.health import Health
 from reclock.timeline.frontier import Frontier, IntoTime
 
-__all__ = ["DEMO", "SOURCES", "run_demo"]
+__all__ = ["DEFAULT_EVENTS", "DEFAULT_RATE", "DEMO", "SOURCES", "run_demo"]
 
 #: The demo pipeline's name (its folder in the lake).
 DEMO = "demo"
 #: What ``run_demo(source=...)`` accepts; ``all`` is :mod:`reclock.demo.timeline`.
-SOURCES = ("kafka", "generator", "all")
+SOURCES = ("kafka", "generator", "postgres", "all")
+#: ``events`` and ``rate`` when not given: generator events, or (``postgres``) transfers, each a
+#: transaction, paced so that the demo's progress shows a few dozen batches.
+DEFAULT_EVENTS = {"kafka": 400_000, "generator": 400_000, "postgres": 20_000, "all": 400_000}
+DEFAULT_RATE = {"kafka": 50_000.0, "generator": 50_000.0, "postgres": 2_000.0, "all": 50_000.0}
 
 _STOP_POLL_S = 0.2
 
 
 def run_demo(
-    lake: Lake, *, events: int, rate: float, engine: str, out: TextIO, source: str = "kafka"
+    lake: Lake,
+    *,
+    events: int | None,
+    rate: float | None,
+    engine: str,
+    out: TextIO,
+    source: str = "kafka",
+    server: PostgresServer | None = None,
 ) -> IntoTime | None:
     """Run the demo pipeline; the into time to read as of, or ``None`` if it failed.
 
     ``source="kafka"``: produce ``events`` generator events (at most ``rate`` a second) to an
     embedded broker while a Kafka pipeline ingests them, until every output holds every record.
-    ``source="generator"``: the generator itself is the pipeline's source.
+    ``source="generator"``: the generator itself is the pipeline's source. ``source="postgres"``:
+    ``events`` transfers on a server the demo starts (or ``server``, one already running, which
+    ``source="all"`` uses too).
+    ``events=None`` and ``rate=None`` are the source's :data:`DEFAULT_EVENTS` and :data:`DEFAULT_RATE`.
     """
     if source not in SOURCES:
         raise ConfigError("source", f"must be one of {', '.join(SOURCES)}, got {source!r}")
+    events = DEFAULT_EVENTS[source] if events is None else events
+    rate = DEFAULT_RATE[source] if rate is None else rate
     if source == "all":
-        return run_timeline_demo(lake, events=events, rate=rate, engine=engine, out=out)
+        return run_timeline_demo(lake, events=events, rate=rate, engine=engine, out=out, server=server)
     lake.store.delete_tree(lake.pipeline_dir(DEMO))
+    if source == "postgres":
+        return run_transfers_demo(lake, DEMO, transfers=events, rate=rate, engine=engine, out=out, server=server)
     if source == "generator":
         return _generator_demo(lake, events=events, rate=rate, engine=engine, out=out)
     return _kafka_demo(lake, events=events, rate=rate, engine=engine, out=out)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 
 import pyarrow as pa
@@ -138,14 +139,27 @@ def test_the_cross_pipeline_cut_is_consistent_at_every_label_time(tmp_path, brok
 
 
 @pytest.mark.kafka  # the demo's embedded broker
-def test_the_demo_of_three_pipelines_ends_with_one_cut_holding_every_record(tmp_path):
+def test_the_demo_of_four_pipelines_ends_with_one_cut_holding_every_record(tmp_path, postgres):
     from reclock.demo.run import run_demo
     from reclock.demo.timeline import PIPELINES
+    from reclock.demo.transfers import ACCOUNTS, DATABASE, TOTAL
     from reclock.persist.lake import Lake
     from tests.integration.helpers import expected_generator_offsets
 
     out = io.StringIO()
-    as_of = run_demo(Lake.at(tmp_path / "lake"), events=3_000, rate=1_000_000, engine="local", out=out, source="all")
+    try:
+        as_of = run_demo(
+            Lake.at(tmp_path / "lake"),
+            events=3_000,
+            rate=1_000_000,
+            engine="local",
+            out=out,
+            source="all",
+            server=postgres,
+        )
+    finally:
+        with closing(postgres.connect(DATABASE)) as conn, conn.cursor() as cur:
+            cur.execute("SELECT pg_drop_replication_slot('reclock_demo_postgres')")
     assert as_of is not None, out.getvalue()
     cut = read_as_of(tmp_path / "lake", list(PIPELINES), as_of)
     events = {k: len(v) for k, v in expected_generator_offsets(4, 3_000).items()}
@@ -153,7 +167,16 @@ def test_the_demo_of_three_pipelines_ends_with_one_cut_holding_every_record(tmp_
         "demo_kafka": {**events, "_errors": 0},
         "demo_files": {"readings": 20 * 250, "_errors": 0},
         "demo_generator": {**events, "_errors": 0},
+        "demo_postgres": {"public_checking": ACCOUNTS, "public_savings": ACCOUNTS, "_errors": 0},
     }
+    bank = cut["demo_postgres"]
+    assert sum(sum(bank[f"public_{t}"]["balance"].to_pylist()) for t in ("checking", "savings")) == TOTAL
+    with closing(postgres.connect(DATABASE)) as conn, conn.cursor() as cur:
+        for table in ("checking", "savings"):
+            cur.execute(f"SELECT account, balance FROM {table}")
+            rows = bank[f"public_{table}"]
+            mine = dict(zip(rows["account"].to_pylist(), rows["balance"].to_pylist(), strict=True))
+            assert mine == dict(cur.fetchall()), table  # every transfer is in the cut
     assert {p: {o: t.num_rows for o, t in c.items()} for p, c in cut.items()} == expected
     for pipeline, outputs in cut.items():  # the cut is the final tables up to as_of, read from outside
         for output, table in outputs.items():

@@ -1,0 +1,140 @@
+"""Postgres snapshot: a table's initial copy landed by the Postgres source vs ``COPY`` + ``write_deltalake``.
+
+One table of event rows (the Kafka scenarios' JSON events as columns: a bigint key, three texts, a
+``numeric(10,2)``, a bigint) is filled once and vacuumed. Each reclock run is a fresh pipeline
+(its own slot, lake and snapshot) on the Spark plane, timed from the source's construction to the
+step whose commit holds every row of the table, so the slot's creation, the snapshot's copy in
+whatever form the source takes it (captured on the driver or in tasks) and its landing all count.
+The baseline is a hand-written script: one ``COPY (SELECT ...) TO STDOUT`` into memory, parsed by
+``pyarrow.csv`` into the table's types, one ``write_deltalake``
+(``baselines/copy_to_delta.py``). Contenders alternate; the ratio is of median rows/s; both are
+checked by counting the rows their Delta logs hold. Target (issue 22, acceptance 5): >= 1.0 on the
+Spark plane. The in-driver plane is measured too, for reading.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pyarrow as pa
+
+from benchmarks.baselines import copy_to_delta
+from benchmarks.fixtures import spark, workdir
+from benchmarks.harness import Ratio, ScenarioResult
+from benchmarks.measure import alternate, load_average, median, tree_cpu_seconds
+from benchmarks.postgres_load import TABLES, create_tables, execute, fill, server
+from benchmarks.readback import delta_commits
+
+__all__ = ["run"]
+
+SPARK, LOCAL, COPY = "reclock, Spark", "reclock, in-driver", "COPY + write_deltalake"
+
+#: The event table's columns as the baseline declares them (what the source's columns map to).
+SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("user_name", pa.string()),
+        ("amount", pa.decimal128(10, 2)),
+        ("kind", pa.string()),
+        ("page", pa.string()),
+        ("ts", pa.int64()),
+    ]
+)
+
+
+def run(full: bool = False) -> ScenarioResult:
+    from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
+
+    rows = 2_000_000 if full else 500_000
+    runs = 5 if full else 3
+    result = ScenarioResult("postgres_snapshot")
+    pg = server()
+    database = f"snap_{int(time.time())}"
+    dsn = pg.create_database(database)
+    create_tables(dsn)
+    table = TABLES[0]
+    started = time.monotonic()
+    fill(dsn, table, rows)
+    fill_s = time.monotonic() - started
+    session = spark()
+    counter = iter(range(1_000))
+
+    def reclock_run(plane: Any) -> Callable[[], float]:
+        def call() -> float:
+            return _land_snapshot(plane, dsn, table, rows, f"snap_{next(counter)}")
+
+        return call
+
+    def copy_run() -> float:
+        with workdir("pg-copy") as lake:
+            t0 = time.monotonic()
+            written = copy_to_delta.run(dsn, table, SCHEMA, lake)
+            seconds = time.monotonic() - t0
+            landed = sum(c.rows for c in delta_commits(lake / table))
+        assert written == landed == rows, f"the COPY baseline landed {landed} (reported {written}) of {rows}"
+        return seconds
+
+    cpu: dict[str, list[float]] = {}
+
+    def with_cpu(name: str, fn: Callable[[], float]) -> Callable[[], float]:
+        def call() -> float:
+            before = tree_cpu_seconds()
+            seconds = fn()
+            cpu.setdefault(name, []).append(tree_cpu_seconds() - before)
+            return seconds
+
+        return call
+
+    contenders = {SPARK: reclock_run(SparkDataPlane(session)), LOCAL: reclock_run(LocalDataPlane()), COPY: copy_run}
+    times = alternate({name: with_cpu(name, fn) for name, fn in contenders.items()}, runs)
+    rates = {name: rows / median(secs) for name, secs in times.items()}
+    for name, plane, target in (
+        ("reclock snapshot on Spark / COPY + write_deltalake, rows/s", SPARK, 1.0),
+        ("reclock snapshot in-driver / COPY + write_deltalake, rows/s", LOCAL, None),
+    ):
+        detail = f"{rates[plane]:,.0f} vs {rates[COPY]:,.0f} rows/s over a {rows:,}-row table"
+        if target is None:
+            result.notes.append(f"{name}: {rates[plane] / rates[COPY]:.2f} ({detail})")
+        else:
+            result.ratios.append(Ratio(name, rates[plane] / rates[COPY], target, detail=detail))
+    result.measurements.update(
+        rows=rows,
+        fill_seconds=round(fill_s, 1),
+        runs=runs,
+        seconds={name: [round(s, 3) for s in secs] for name, secs in times.items()},
+        rows_per_second={name: round(r) for name, r in rates.items()},
+        cpu_seconds={name: [round(c, 2) for c in values] for name, values in cpu.items()},
+        load_average=load_average(),
+    )
+    result.notes.append(
+        "CPU seconds per run of this process, its JVM and Python workers (not the server's backends, which "
+        "exit with their connections): " + ", ".join(f"{name} {median(values):.1f}" for name, values in cpu.items())
+    )
+    execute(pg.dsn(), f'DROP DATABASE "{database}" WITH (FORCE)')
+    return result
+
+
+def _land_snapshot(plane: Any, dsn: str, table: str, rows: int, slot: str) -> float:
+    """A fresh pipeline over ``table``, stepped until its output holds every row; the seconds
+    from the source's construction on. Its slot is dropped afterwards."""
+    from reclock.runtime.pipeline import Pipeline
+    from reclock.sources.postgres.source import PostgresSource
+
+    with workdir("pg-snap") as root:
+        t0 = time.monotonic()
+        source = PostgresSource(dsn, tables=[table], slot=slot, publication="bench", state_dir=str(root / "state"))
+        pipeline = Pipeline("snap", root / "lake", source, data_plane=plane)
+        landed = 0
+        while landed < rows:
+            report = pipeline.step()
+            assert report.rows.get("_errors", 0) == 0, "the snapshot wrote error rows"
+            landed += sum(n for name, n in report.rows.items() if name != "_errors")
+        seconds = time.monotonic() - t0
+        output = next(iter(o for o in pipeline.sinks if o != "_errors"))
+        committed = sum(c.rows for c in delta_commits(pipeline.sinks[output].path))
+        source.close()
+    execute(dsn, f"SELECT pg_drop_replication_slot('{slot}')")
+    assert committed == landed == rows, f"reclock landed {committed} (reported {landed}) of {rows}"
+    return seconds
