@@ -116,8 +116,9 @@ class SparkDataPlane:
         try:
             return context.parallelize(list(items), len(items)).map(fn).collect()
         finally:
-            context.setLocalProperty("spark.jobGroup.id", None)
-            context.setLocalProperty("spark.job.description", None)
+            # None removes a local property (PySpark's stubs allow only str)
+            context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
 
 
 #: The Spark job group of the work a plane maps outside batches (a snapshot's capture).

@@ -14,10 +14,8 @@ run: ``wal_level`` not ``logical``, a table missing, a table without a usable re
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +24,7 @@ from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import Output
 from reclock.sources.postgres.columns import arrow_type
 from reclock.sources.postgres.config import TableName, output_name
+from reclock.sources.postgres.state import StateFolder
 
 __all__ = ["CHANGE_COLUMNS", "ColumnSpec", "TableSpec", "check_wal_level", "describe", "ensure_publication", "pinned"]
 
@@ -153,24 +152,19 @@ def ensure_publication(cursor: Any, publication: str, tables: Sequence[TableName
         cursor.execute(f'ALTER PUBLICATION "{publication}" ADD TABLE {", ".join(t.quoted for t in missing)}')
 
 
-def pinned(state: Path | None, specs: Sequence[TableSpec]) -> tuple[TableSpec, ...]:
+def pinned(state: StateFolder | None, specs: Sequence[TableSpec]) -> tuple[TableSpec, ...]:
     """The specs the pipeline's outputs were made for: those ``state`` keeps, or ``specs`` (the
     tables as they are now), kept there from now on. Without a state folder (``reclock create``
-    checks a definition) ``specs`` as they are."""
+    checks a definition) ``specs`` as they are. The folder is the lake's (local or object
+    storage), so a restart anywhere replays old WAL against the columns it was written for."""
     if state is None:
         return tuple(specs)
-    path = state / TABLES
-    try:
-        kept = json.loads(path.read_text())
-    except FileNotFoundError:
-        state.mkdir(parents=True, exist_ok=True)
-        text = json.dumps([_spec_json(spec) for spec in specs])
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+    text = state.read_text(TABLES)
+    if text is None:
+        state.write_bytes(TABLES, json.dumps([_spec_json(spec) for spec in specs]).encode())
         return tuple(specs)
     made = {}
-    for item in kept:
+    for item in json.loads(text):
         columns = tuple(ColumnSpec(*c) for c in item["columns"])
         table = TableName(*item["table"])
         made[table] = TableSpec(table, columns, tuple(item["key"]), item["identity"])
