@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -113,6 +114,34 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+@contextlib.contextmanager
+def running_job(lake: Any, name: str, thread_name: str = "benchmark-job") -> Iterator[None]:
+    """``reclock start`` of pipeline ``name`` in a thread of this process, running once the body
+    starts, stopped (and its failure raised) when the body ends: what a freshness measure needs
+    around its writer, where a subprocess would add its start-up to every latency."""
+    from reclock.job import lifecycle
+    from reclock.job.status import read_status
+
+    failure: list[BaseException] = []
+
+    def run_job() -> None:
+        try:
+            lifecycle.run(lake, name)
+        except BaseException as exc:  # raised in the caller's thread below
+            failure.append(exc)
+
+    thread = threading.Thread(target=run_job, name=thread_name, daemon=True)
+    thread.start()
+    wait_until(lambda: failure or (read_status(lake, name) or {}).get("health") == "running", 120, what="job start")
+    if failure:
+        raise failure[0]
+    yield
+    lifecycle.request_stop(lake, name)
+    thread.join(timeout=120)
+    if failure:
+        raise failure[0]
 
 
 # -- Kafka ---------------------------------------------------------------------------------------

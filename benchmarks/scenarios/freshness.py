@@ -26,7 +26,6 @@ for small batches should switch at.
 from __future__ import annotations
 
 import itertools
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +40,7 @@ from benchmarks.fixtures import (
     broker,
     create_topics,
     produced,
+    running_job,
     spark,
     steady_producer,
     wait_until,
@@ -116,7 +116,6 @@ def _freshness(
 ) -> tuple[np.ndarray, dict[str, Any]]:
     from reclock.job import lifecycle
     from reclock.job.config import parse_config
-    from reclock.job.status import read_status
     from reclock.persist.lake import Lake
     from reclock.sources.kafka import output_name_for
 
@@ -148,32 +147,14 @@ def _freshness(
             }
         )
         lifecycle.create(config)
-        failure: list[BaseException] = []
-
-        def run_job() -> None:
-            try:
-                lifecycle.run(lake, "fresh")
-            except BaseException as exc:  # reported below
-                failure.append(exc)
-
-        thread = threading.Thread(target=run_job, name="freshness-job", daemon=True)
-        thread.start()
-        wait_until(
-            lambda: failure or (read_status(lake, "fresh") or {}).get("health") == "running", 120, what="job start"
-        )
-        if failure:
-            raise failure[0]
-        producer = steady_producer(bootstrap, topics, rate, seconds, PARTITIONS)
-        assert producer.stdout is not None
-        done = producer.stdout.readline().split()
-        producer.wait(timeout=30)
-        sent = int(done[1])
-        tables = [lake.output_path("fresh", output_name_for(t)) for t in topics]
-        wait_until(lambda: sum(c.rows for t in tables for c in delta_commits(t)) >= sent, 120, what="all records")
-        lifecycle.request_stop(lake, "fresh")
-        thread.join(timeout=120)
-        if failure:
-            raise failure[0]
+        with running_job(lake, "fresh", "freshness-job"):
+            producer = steady_producer(bootstrap, topics, rate, seconds, PARTITIONS)
+            assert producer.stdout is not None
+            done = producer.stdout.readline().split()
+            producer.wait(timeout=30)
+            sent = int(done[1])
+            tables = [lake.output_path("fresh", output_name_for(t)) for t in topics]
+            wait_until(lambda: sum(c.rows for t in tables for c in delta_commits(t)) >= sent, 120, what="all records")
         latencies, by_commit_info, intervals, per_batch = _latencies(tables)
     assert len(latencies) == sent, f"{plane}: {len(latencies)} records landed of {sent} produced"
     return latencies, {

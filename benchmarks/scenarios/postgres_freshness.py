@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.fixtures import spark, wait_until, workdir
+from benchmarks.fixtures import running_job, spark, wait_until, workdir
 from benchmarks.harness import Ratio, ScenarioResult
 from benchmarks.measure import load_average, median, percentile
 from benchmarks.postgres_load import TABLES, create_tables, execute, flush_lsn, server
@@ -61,46 +60,28 @@ def run(full: bool = False) -> ScenarioResult:
             }
         )
         lifecycle.create(config)
-        failure: list[BaseException] = []
-
-        def run_job() -> None:
-            try:
-                lifecycle.run(lake, "fresh")
-            except BaseException as exc:  # reported below
-                failure.append(exc)
-
-        thread = threading.Thread(target=run_job, name="pg-freshness-job", daemon=True)
-        thread.start()
-        wait_until(
-            lambda: failure or (read_status(lake, "fresh") or {}).get("health") == "running", 120, what="job start"
-        )
-        if failure:
-            raise failure[0]
-        writer = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.postgres_load", "steady", dsn, str(RATE), str(seconds)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert writer.stdout is not None
-        if writer.stdout.readline().strip() != "ready":
-            writer.kill()
-            raise RuntimeError("the steady writer did not start")
-        done = writer.stdout.readline().split()
-        writer.wait(timeout=30)
-        sent = int(done[1])
-        achieved = sent / seconds
-        end = flush_lsn(dsn)
-        wait_until(
-            lambda: Frontier.from_json((read_status(lake, "fresh") or {}).get("resume_frontier", "{}")).covers(
-                WAL, end - 1
-            ),
-            120,
-            what="every row in every output",
-        )
-        lifecycle.request_stop(lake, "fresh")
-        thread.join(timeout=120)
-        if failure:
-            raise failure[0]
+        with running_job(lake, "fresh", "pg-freshness-job"):
+            writer = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.postgres_load", "steady", dsn, str(RATE), str(seconds)],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert writer.stdout is not None
+            if writer.stdout.readline().strip() != "ready":
+                writer.kill()
+                raise RuntimeError("the steady writer did not start")
+            done = writer.stdout.readline().split()
+            writer.wait(timeout=30)
+            sent = int(done[1])
+            achieved = sent / seconds
+            end = flush_lsn(dsn)
+            wait_until(
+                lambda: Frontier.from_json((read_status(lake, "fresh") or {}).get("resume_frontier", "{}")).covers(
+                    WAL, end - 1
+                ),
+                120,
+                what="every row in every output",
+            )
         latencies, intervals, per_batch = _first_visible([lake.output_path("fresh", f"public_{t}") for t in TABLES])
     execute(dsn, "SELECT pg_drop_replication_slot('reclock_fresh')")
     execute(pg.dsn(), f'DROP DATABASE "{database}" WITH (FORCE)')
