@@ -18,8 +18,8 @@ The progress line of ``reclock start`` is not a log line: it goes to stdout, the
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -202,13 +202,22 @@ def spark_conf(env: Mapping[str, str] = os.environ) -> dict[str, str]:
         "appender.out.layout.type = PatternLayout\n"
         "appender.out.layout.pattern = %d{yyyy-MM-dd'T'HH:mm:ss.SSS} %p %c{1}: %m%n%ex\n"
     )
-    handle, path = tempfile.mkstemp(prefix="reclock-log4j2-", suffix=".properties")
-    with os.fdopen(handle, "w") as out:
-        out.write(properties)
-    atexit.register(_remove, path)  # read by the JVM as it starts; not needed after this process
-    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{path}"}
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_kept_file(properties)}"}
 
 
-def _remove(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
+def _kept_file(properties: str) -> str:
+    """The configuration in a temporary file named by its content, written whole, never removed.
+
+    The JVM reads it when it gets that far, which may be after this process gave up on it (a
+    ``[spark] start_timeout_seconds`` that ran out): a file removed at exit then left that JVM on
+    Spark's default profile, printing its warnings into the terminal after reclock's one line.
+    Named by content, every process with the same settings shares one small file.
+    """
+    digest = hashlib.sha256(properties.encode()).hexdigest()[:16]
+    path = os.path.join(tempfile.gettempdir(), f"reclock-log4j2-{digest}.properties")
+    if not os.path.exists(path):
+        handle, partial = tempfile.mkstemp(prefix="reclock-log4j2-", suffix=".partial")
+        with os.fdopen(handle, "w") as out:
+            out.write(properties)
+        os.replace(partial, path)  # whole or absent for a JVM reading it meanwhile
+    return path

@@ -144,3 +144,14 @@ def test_kafka_python_speaks_at_info_and_debug_only(level, shown):
     with logs.configured(level, "text", out):
         logging.getLogger("kafka.net.connection").error("Connection lost: socket disconnected")
     assert ("Connection lost" in out.getvalue()) is shown
+
+
+def test_the_spark_log_configuration_outlives_the_process_that_gave_it():
+    """A JVM still starting when its job gave up (``start_timeout_seconds``) reads the file after
+    the job exited: removed at exit, it fell back to Spark's default profile and printed warnings
+    after reclock's one line (seen under load in test_spark_start)."""
+    code = "from reclock.runtime.logs import spark_conf; print(spark_conf({})['spark.driver.extraJavaOptions'])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    path = done.stdout.strip().removeprefix("-Dlog4j2.configurationFile=file:")
+    with open(path) as kept:
+        assert "rootLogger.level = " in kept.read()
