@@ -178,8 +178,22 @@ def test_the_page_shows_three_pipelines_their_states_charts_and_the_joint_cut_an
                 return int(browser.execute_script("return window.reclockUI.refreshes"))
 
             def after_a_refresh() -> None:
+                """Two of the page's refreshes, and one drawn whole from a server snapshot that
+                began reading the lake after now: the server refreshes on its own timer, and under
+                load two page refreshes could both draw a snapshot older than the caller's."""
+                since_ms = time.time() * 1000
                 seen = refreshes()
                 _wait(lambda: refreshes() >= seen + 2, 10 * REFRESH_S, "the page to refresh")
+
+                def read_since() -> bool:
+                    began = browser.execute_script(
+                        "const o = window.reclockUI.overview; return o ? o.taken_ms - o.refresh_ms : null;"
+                    )
+                    return began is not None and began >= since_ms
+
+                _wait(read_since, 20 * REFRESH_S, "a server snapshot read after the request")
+                fresh = refreshes()
+                _wait(lambda: refreshes() > fresh, 10 * REFRESH_S, "the page to draw that snapshot whole")
 
             browser.get(url)
             _wait(lambda: shown_states() == {GEN: "running", KAFKA: "running", FILES: "running"}, 45, "three running")
