@@ -22,11 +22,10 @@ tables: a reader's keepalive confirms that, see docs/sources/postgres.md). A thi
 ``history`` (200,000 rows, only in the snapshot), makes the capture long; it ends with every row
 once.
 
-The first two kills land inside the snapshot's capture. The first by construction: before the
-job starts, the test puts a FIFO where the capture writes its manifest's temporary file, so the
-capture copies every chunk, closes the slot's exporting connection and then waits in ``open``
-for a reader that never comes; the test sees the slot created and no longer held
-(``pg_replication_slots``), the chunks written, no manifest, and kills then. The second at a
+The first two kills land inside the snapshot's capture. The first by construction: once the
+capture has copied a chunk of ``history``, the test takes an exclusive lock on the table, so
+the copies of its later chunks wait; the test sees the slot's exporting connection still open
+(``pg_stat_activity``) and kills then, with chunks written and no manifest. The second at a
 random number of ``history``'s chunks.
 
 The short lane kills 4 times; ``--long`` (scripts/test --long) 24 times.
@@ -243,12 +242,16 @@ class SlotWatch(threading.Thread):
             self.failure = exc
 
 
-def _slot_let_go(dsn: str, slot: str) -> bool:
-    """Whether ``slot`` exists and no connection holds it (the server's own ``pg_replication_slots``)."""
+def _capturing(dsn: str) -> bool:
+    """Whether a capture is under way: its slot's exporting replication connection is open (the
+    server's own ``pg_stat_activity``; nothing else of the job's replicates before a manifest)
+    and no manifest is written."""
     with closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
-        cur.execute("SELECT NOT active FROM pg_replication_slots WHERE slot_name = %s", (slot,))
-        row = cur.fetchone()
-        return row is not None and row[0]
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'walsender' "
+            "AND datname = current_database())"
+        )
+        return cur.fetchone()[0]
 
 
 def _written_since(folder: Path, pattern: str, since: float) -> int:
@@ -315,16 +318,18 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
     job = None
     try:
         for kill in range(kills):
-            if kill == 0:  # the capture will wait on a FIFO for its manifest: the kill lands inside it
-                manifest.parent.mkdir(parents=True, exist_ok=True)
-                os.mkfifo(manifest.with_name(manifest.name + ".tmp"))
             job = _start_job(lake, stderr)
             deadline = time.monotonic() + 120
-            if kill == 0:
-                while not _slot_let_go(dsn, "reclock_bank"):
+            held = None
+            if kill == 0:  # the capture is held inside its copy of history: the kill lands inside it
+                while _written_since(chunks, "*-public_history.parquet", 0) == 0:
                     assert job.poll() is None, stderr.read_text()[-3000:]
-                    assert time.monotonic() < deadline, "the capture never finished copying"
-                    time.sleep(0.05)
+                    assert time.monotonic() < deadline, "the capture never copied a chunk of history"
+                    time.sleep(0.01)
+                held = psycopg2.connect(dsn)
+                with held.cursor() as cur:
+                    cur.execute("LOCK TABLE history IN ACCESS EXCLUSIVE MODE")  # the chunks after wait for it
+                assert _capturing(dsn), "the capture ended before the test held it"
             elif kill == 1:  # at a random history chunk of this attempt (the first one left all of its own)
                 wanted = rng.randint(1, 40)
                 while not manifest.exists() and time.monotonic() < deadline:
@@ -339,8 +344,8 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(timeout=30)
             killed_at = time.time()
-            if kill == 0:
-                manifest.with_name(manifest.name + ".tmp").unlink()
+            if held is not None:
+                held.close()  # lets the dead capture's waiting copies end
             # Dead now: a capture it started and did not finish left chunks and no manifest.
             partial = not manifest.exists() and chunks.is_dir() and any(chunks.glob("*.parquet"))
             assert partial or kill != 0, "the capture blocked on its manifest had written no chunk"
