@@ -33,10 +33,14 @@ a change with a value its column's type cannot hold goes to ``_errors`` with its
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Sequence
+import operator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from typing import Any, NamedTuple
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
@@ -56,10 +60,12 @@ _TRUNCATE: tuple = ()
 Row = tuple  # the text values of one row, in the table's column order (None: null)
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     """One change of a table: ``op`` is ``c``, ``u``, ``d``, ``t`` (truncate) or ``r`` (snapshot).
-    Rows hold the output's columns, then the values of the columns ``added`` since it was made."""
+    Rows hold the output's columns, then the values of the columns ``added`` since it was made.
+
+    An immutable named tuple rather than a frozen dataclass: a reader makes one per row, and a
+    batch's changes transpose into its columns in one ``zip``."""
 
     op: str
     old: Row | None
@@ -68,18 +74,50 @@ class Change:
 
 
 @dataclass
-class _Pending:
-    offsets: list[int] = field(default_factory=list)
-    lsns: list[int] = field(default_factory=list)
-    xids: list[int | None] = field(default_factory=list)
+class _Waiting:
+    """One output's changes waiting for their batch, in order: each with its ``seq`` in its
+    transaction, and per transaction its offset, commit LSN, xid and how many of them it has."""
+
+    changes: list[Change] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
-    ops: list[str] = field(default_factory=list)
-    olds: list[Row | None] = field(default_factory=list)
-    news: list[Row | None] = field(default_factory=list)
-    addeds: list[tuple[str, ...]] = field(default_factory=list)
+    runs: list[tuple[int, int, int | None, int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.changes)
+
+    def pending(self) -> _Pending:
+        ops, olds, news, addeds = zip(*self.changes, strict=True) if self.changes else ((), (), (), ())
+        return _Pending(
+            offsets=_repeated(self.runs, 0),
+            lsns=_repeated(self.runs, 1),
+            xids=_repeated(self.runs, 2),
+            seqs=self.seqs,
+            ops=ops,
+            olds=olds,
+            news=news,
+            addeds=addeds,
+        )
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A batch's changes of one output, field by field."""
+
+    offsets: list[int]
+    lsns: list[int]
+    xids: list[int | None]
+    seqs: list[int]
+    ops: Sequence[str]
+    olds: Sequence[Row | None]
+    news: Sequence[Row | None]
+    addeds: Sequence[tuple[str, ...]]
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+
+def _repeated(runs: list[tuple[int, int, int | None, int]], field: int) -> list:
+    return list(chain.from_iterable(repeat(run[field], run[3]) for run in runs))
 
 
 class ChangeBatches:
@@ -101,7 +139,9 @@ class ChangeBatches:
         self.partition = partition
         self.flush_rows = flush_rows
         self.fail = fail
-        self._pending: dict[str, _Pending] = {}
+        self._waiting: dict[str, _Waiting] = {}
+        #: Per output, its key's values in a row (positions worked out once, not per change).
+        self._keys: dict[str, Callable[[Row], Any]] = {output: _key_of(spec) for output, spec in self.specs.items()}
         self._errors: list[tuple[int, str, str, bytes | None]] = []
 
     def transaction(
@@ -111,16 +151,17 @@ class ChangeBatches:
         source time ``offset``; ``lsn`` is its commit LSN (the snapshot's: the slot's consistent point)."""
         if self.envelope == "upsert":
             changes = self._last_per_key(offset, changes)
+        waiting = self._waiting
+        counts: dict[str, int] = {}
         for seq, (output, change) in enumerate(changes):
-            pending = self._pending.setdefault(output, _Pending())
-            pending.offsets.append(offset)
-            pending.lsns.append(lsn)
-            pending.xids.append(xid)
-            pending.seqs.append(seq)
-            pending.ops.append(change.op)
-            pending.olds.append(change.old)
-            pending.news.append(change.new)
-            pending.addeds.append(change.added)
+            into = waiting.get(output)
+            if into is None:
+                into = waiting[output] = _Waiting()
+            into.changes.append(change)
+            into.seqs.append(seq)
+            counts[output] = counts.get(output, 0) + 1
+        for output, count in counts.items():
+            waiting[output].runs.append((offset, lsn, xid, count))
         yield from self._flush(full_only=True)
 
     def finish(self) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -128,39 +169,39 @@ class ChangeBatches:
         yield from self._flush(full_only=False)
 
     def _last_per_key(self, offset: int, changes: Sequence[tuple[str, Change]]) -> list[tuple[str, Change]]:
-        latest: dict[tuple[str, Row], Change] = {}
+        latest: dict[tuple[str, Any], Change] = {}
+        keys = self._keys
         for output, change in changes:
-            spec = self.specs[output]
-            if change.op == "t":
+            op, old, new = change.op, change.old, change.new
+            if op == "t":
                 for earlier in [k for k in latest if k[0] == output]:
                     del latest[earlier]
                 latest[(output, _TRUNCATE)] = change
                 continue
-            key_at = [i for i, c in enumerate(spec.columns) if c.name in spec.key]
-            if change.op in ("u", "d") and change.old is not None:
-                old_key = tuple(change.old[i] for i in key_at)
-                before = latest.get((output, old_key))
-                if change.op == "u" and change.new is not None and UNCHANGED in change.new:
-                    change = Change(change.op, change.old, _filled(change.new, change.old, before), change.added)
-                if change.op == "d" or tuple(change.new[i] for i in key_at) != old_key:  # type: ignore[index]
-                    latest.pop((output, old_key), None)
-                    latest[(output, old_key)] = Change("d", change.old, None, change.added)
-            if change.new is not None:
-                new_key = tuple(change.new[i] for i in key_at)
-                before = latest.get((output, new_key))
-                if UNCHANGED in change.new:
-                    change = Change(change.op, change.old, _filled(change.new, None, before), change.added)
-                latest.pop((output, new_key), None)  # re-inserted: its position is its last change's
-                latest[(output, new_key)] = change
+            key = keys[output]
+            if old is not None and op in ("u", "d"):
+                old_key = (output, key(old))
+                if op == "u" and new is not None and UNCHANGED in new:
+                    new = _filled(new, old, latest.get(old_key))
+                    change = Change(op, old, new, change.added)
+                if op == "d" or (output, key(new)) != old_key:  # type: ignore[arg-type]
+                    latest.pop(old_key, None)
+                    latest[old_key] = Change("d", old, None, change.added)
+            if new is not None:
+                new_key = (output, key(new))
+                if UNCHANGED in new:
+                    change = Change(op, old, _filled(new, None, latest.get(new_key)), change.added)
+                latest.pop(new_key, None)  # re-inserted: its position is its last change's
+                latest[new_key] = change
         return [(output, change) for (output, _), change in latest.items()]
 
     def _flush(self, *, full_only: bool) -> Iterator[tuple[str, pa.RecordBatch]]:
-        for output in list(self._pending):
-            pending = self._pending[output]
-            if full_only and len(pending) < self.flush_rows:
+        for output in list(self._waiting):
+            waiting = self._waiting[output]
+            if full_only and len(waiting) < self.flush_rows:
                 continue
-            del self._pending[output]
-            yield from self._batch(output, pending)
+            del self._waiting[output]
+            yield from self._batch(output, waiting.pending())
         if self._errors and (not full_only or len(self._errors) >= self.flush_rows):
             errors, self._errors = self._errors, []
             offsets, kinds, messages, raws = zip(*errors, strict=True)
@@ -169,22 +210,22 @@ class ChangeBatches:
     def _batch(self, output: str, pending: _Pending) -> Iterator[tuple[str, pa.RecordBatch]]:
         spec = self.specs[output]
         n = len(pending)
-        bad: set[int] = set()
         if self.envelope == "upsert":
             rows = [new if new is not None else old for new, old in zip(pending.news, pending.olds, strict=True)]
-            for i, row in enumerate(rows):
-                if row is not None and UNCHANGED in row:
-                    self._reject(spec, pending, i, "unchanged_toast", _toast_message(spec))
-                    bad.add(i)
-            columns, wrong = self._typed(spec, [None if i in bad else r for i, r in enumerate(rows)])
+            bad = _with_unchanged(rows)
+            for i in sorted(bad):
+                self._reject(spec, pending, i, "unchanged_toast", _toast_message(spec))
+            columns, wrong = self._typed(spec, [None if i in bad else r for i, r in enumerate(rows)] if bad else rows)
             self._reject_values(spec, pending, wrong - bad)
-            keep = [i for i in range(n) if i not in bad and i not in wrong]
-            deleted = pa.array([pending.ops[i] in ("d", "t") for i in keep], pa.bool_())
-            truncated = pa.array([pending.ops[i] == "t" for i in keep], pa.bool_())
-            own = [column.take(pa.array(keep, pa.int64())) for column in columns]
-            names = [c.name for c in spec.columns]
-            arrays = [*self._lineage(pending, keep), *own, deleted, truncated]
-            names = [PARTITION, OFFSET, *names, DELETED, TRUNCATED]
+            dropped = bad | wrong
+            keep = [i for i in range(n) if i not in dropped]
+            ops = pa.array(pending.ops, pa.string())
+            deleted, truncated = pc.is_in(ops, pa.array(["d", "t"])), pc.equal(ops, "t")
+            arrays = [*self._lineage(pending, keep), *columns, deleted, truncated]
+            if dropped:
+                take = pa.array(keep, pa.int64())
+                arrays[2:] = [array.take(take) for array in arrays[2:]]
+            names = [PARTITION, OFFSET, *(c.name for c in spec.columns), DELETED, TRUNCATED]
             if output in self.unknown:
                 arrays.append(_unknown(spec, rows, pending.addeds, keep))
                 names.append(UNKNOWN_FIELDS)
@@ -214,18 +255,23 @@ class ChangeBatches:
         yield output, pa.RecordBatch.from_arrays(arrays, names=names)
 
     def _lineage(self, pending: _Pending, keep: list[int]) -> list[pa.Array]:
-        return [
-            pa.array([self.partition] * len(keep), pa.string()),
-            pa.array([pending.offsets[i] for i in keep], pa.int64()),
-        ]
+        offsets = pending.offsets if len(keep) == len(pending) else [pending.offsets[i] for i in keep]
+        return [pa.array([self.partition] * len(keep), pa.string()), pa.array(offsets, pa.int64())]
 
     def _typed(self, spec: TableSpec, rows: Sequence[Row | None]) -> tuple[list[pa.Array], set[int]]:
         """Per column, the typed values of ``rows`` (a missing row or an unsent value is null),
         and the positions of rows with a value its column cannot hold."""
+        width = len(spec.columns)
+        if None in rows:
+            missing = (None,) * width
+            rows = [missing if row is None else row for row in rows]
+        # rows may be wider than the output (columns added), never narrower
+        texts: list[Sequence[Any]] = list(zip(*rows, strict=False))[:width] if rows else [()] * width
         columns, wrong = [], set()
-        for j, column in enumerate(spec.columns):
-            texts = [None if row is None or row[j] is UNCHANGED else row[j] for row in rows]
-            array, bad = typed_column(texts, column.arrow)
+        for values, column in zip(texts, spec.columns, strict=True):
+            if UNCHANGED in values:
+                values = [None if v is UNCHANGED else v for v in values]
+            array, bad = typed_column(values, column.arrow)
             columns.append(array)
             wrong.update(bad)
         return columns, wrong
@@ -246,6 +292,24 @@ class ChangeBatches:
         if self.fail:
             raise RecordError(f"{message} (commit LSN {pending.offsets[i]})")
         self._errors.append((pending.offsets[i], kind, message, json.dumps(raw).encode()))
+
+
+def _key_of(spec: TableSpec) -> Callable[[Row], Any]:
+    """The values of ``spec``'s key in one of its rows (one value for a one-column key)."""
+    at = [i for i, c in enumerate(spec.columns) if c.name in spec.key]
+    if not at:
+        return lambda row: ()
+    return operator.itemgetter(*at)
+
+
+def _with_unchanged(rows: Sequence[Row | None]) -> set[int]:
+    """Positions of the rows holding an unsent TOAST value (checked a column at a time)."""
+    present = [row for row in rows if row is not None] if None in rows else rows
+    if not present:
+        return set()
+    if len(set(map(len, present))) == 1 and not any(UNCHANGED in values for values in zip(*present, strict=True)):
+        return set()
+    return {i for i, row in enumerate(rows) if row is not None and UNCHANGED in row}
 
 
 def _filled(new: Row, old: Row | None, before: Change | None) -> Row:
