@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -48,7 +49,7 @@ from reclock.sources.postgres.columns import typed_column
 from reclock.sources.postgres.pgoutput import UNCHANGED
 from reclock.timeline.frontier import OFFSET, PARTITION, UNKNOWN_FIELDS
 
-__all__ = ["DELETED", "TRUNCATED", "Change", "ChangeBatches"]
+__all__ = ["DELETED", "TRUNCATED", "Change", "ChangeBatches", "ChangeColumns", "TableColumns"]
 
 DELETED = "_deleted"
 #: The sink's staged column that marks a TRUNCATE record of an upsert output.
@@ -120,6 +121,35 @@ def _repeated(runs: list[tuple[int, int, int | None, int]], field: int) -> list:
     return list(chain.from_iterable(repeat(run[field], run[3]) for run in runs))
 
 
+@dataclass(frozen=True)
+class TableColumns:
+    """One output's changes among a :class:`ChangeColumns`: their positions there (ascending),
+    their kinds (``I``, ``U``, ``D`` as bytes) and, per column (the output's, then those
+    ``added``), the text of the row each lands: an insert's or update's new row, a delete's old
+    key or row."""
+
+    output: str
+    at: np.ndarray
+    kinds: np.ndarray
+    columns: list[pa.Array]
+
+
+@dataclass(frozen=True)
+class ChangeColumns:
+    """Changes of committed transactions, column by column (:meth:`ChangeBatches.columns`): per
+    transaction its source time (``offsets``, the commit LSN) and xid; per change, in commit
+    order, its transaction's index (``txn``, ascending); and the changes by output."""
+
+    offsets: np.ndarray
+    xids: Sequence[int | None]
+    txn: np.ndarray
+    tables: Sequence[TableColumns]
+
+
+_KIND_OPS = {ord("I"): "c", ord("U"): "u", ord("D"): "d"}
+_DELETE_KIND = ord("D")
+
+
 class ChangeBatches:
     """Collects changes per table and yields ``(output, batch)`` pairs of at most ``flush_rows``."""
 
@@ -162,6 +192,82 @@ class ChangeBatches:
             counts[output] = counts.get(output, 0) + 1
         for output, count in counts.items():
             waiting[output].runs.append((offset, lsn, xid, count))
+        yield from self._flush(full_only=True)
+
+    def takes_columns(self, output: str) -> bool:
+        """Whether :meth:`columns` can take ``output``'s changes: an ``upsert`` output whose
+        unknown fields are not kept (every other output takes :meth:`transaction`)."""
+        return self.envelope == "upsert" and output in self.specs and output not in self.unknown
+
+    def columns(self, changes: ChangeColumns) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Add the changes of committed transactions given column by column, exactly as
+        :meth:`transaction` would take them one transaction after the other; only for outputs
+        that :meth:`takes_columns`, and for inserts, updates and deletes that each carry one row
+        (no truncate, no update sending its old key or row, no unsent TOAST value).
+
+        Step 1 keeps, per output, the last change of each key in each transaction (a group-by of
+        transaction and key, the greatest position); step 2 numbers the kept changes within
+        their transaction across outputs (``seq``, as :meth:`transaction` does); step 3 types
+        each output's kept rows, sends values their column cannot hold to ``_errors``, and
+        yields the output's batch, after any of its changes still waiting from
+        :meth:`transaction`, so the order stays the commit order."""
+        # Step 1: the last change of each key in each transaction
+        kept: list[np.ndarray] = []
+        for table in changes.tables:
+            assert self.takes_columns(table.output), f"output {table.output} takes transactions, not columns"
+            spec = self.specs[table.output]
+            txn = changes.txn[table.at]
+            keyed = {f"k{i}": table.columns[i] for i, c in enumerate(spec.columns) if c.name in spec.key}
+            grouped = pa.table({"txn": txn, "pos": np.arange(len(txn)), **keyed})
+            last = grouped.group_by(["txn", *keyed], use_threads=False).aggregate([("pos", "max")])
+            kept.append(np.sort(last.column("pos_max").to_numpy()))
+        # Step 2: seq, the kept changes' order in their transaction
+        every = np.sort(np.concatenate([t.at[k] for t, k in zip(changes.tables, kept, strict=True)]))
+        txn_of_every = changes.txn[every]
+        seq_of_every = np.arange(len(every)) - np.searchsorted(txn_of_every, txn_of_every, side="left")
+        # Step 3: each output's batch
+        for table, keep in zip(changes.tables, kept, strict=True):
+            spec = self.specs[table.output]
+            waiting = self._waiting.pop(table.output, None)
+            if waiting is not None:
+                yield from self._batch(table.output, waiting.pending())
+            take = pa.array(keep, pa.int64())
+            texts = [column.take(take) for column in table.columns]
+            txn = changes.txn[table.at[keep]]
+            kinds = table.kinds[keep]
+            columns, wrong = [], set()
+            for values, column in zip(texts, spec.columns, strict=False):  # added columns come after
+                array, bad = typed_column(values, column.arrow)
+                columns.append(array)
+                wrong.update(bad)
+            offsets = changes.offsets[txn]
+            if wrong:
+                seqs = seq_of_every[np.searchsorted(every, table.at[keep])]
+                for i in sorted(wrong):
+                    row = tuple(values[i].as_py() for values in texts)
+                    op = _KIND_OPS[int(kinds[i])]
+                    self._reject_change(
+                        spec,
+                        int(offsets[i]),
+                        Change(op, row if op == "d" else None, None if op == "d" else row),
+                        changes.xids[int(txn[i])],
+                        int(seqs[i]),
+                        "decode",
+                        f"table {spec.table.qualified}: a value its column cannot hold",
+                    )
+            deleted = pa.array(kinds == _DELETE_KIND)
+            arrays = [
+                pa.array([self.partition] * len(keep), pa.string()),
+                pa.array(offsets, pa.int64()),
+                *columns,
+                deleted,
+                pa.array(np.zeros(len(keep), np.bool_)),
+            ]
+            if wrong:
+                rows = pa.array([i for i in range(len(keep)) if i not in wrong], pa.int64())
+                arrays = [array.take(rows) for array in arrays]
+            names = [PARTITION, OFFSET, *(c.name for c in spec.columns), DELETED, TRUNCATED]
+            yield table.output, pa.RecordBatch.from_arrays(arrays, names=names)
         yield from self._flush(full_only=True)
 
     def finish(self) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -281,17 +387,23 @@ class ChangeBatches:
             self._reject(spec, pending, i, "decode", f"table {spec.table.qualified}: a value its column cannot hold")
 
     def _reject(self, spec: TableSpec, pending: _Pending, i: int, kind: str, message: str) -> None:
+        change = Change(pending.ops[i], pending.olds[i], pending.news[i])
+        self._reject_change(spec, pending.offsets[i], change, pending.xids[i], pending.seqs[i], kind, message)
+
+    def _reject_change(
+        self, spec: TableSpec, offset: int, change: Change, xid: int | None, seq: int, kind: str, message: str
+    ) -> None:
         raw = {
             "table": spec.table.qualified,
-            "op": pending.ops[i],
-            "xid": pending.xids[i],
-            "seq": pending.seqs[i],
-            "old": _jsonable(pending.olds[i]),
-            "new": _jsonable(pending.news[i]),
+            "op": change.op,
+            "xid": xid,
+            "seq": seq,
+            "old": _jsonable(change.old),
+            "new": _jsonable(change.new),
         }
         if self.fail:
-            raise RecordError(f"{message} (commit LSN {pending.offsets[i]})")
-        self._errors.append((pending.offsets[i], kind, message, json.dumps(raw).encode()))
+            raise RecordError(f"{message} (commit LSN {offset})")
+        self._errors.append((offset, kind, message, json.dumps(raw).encode()))
 
 
 def _key_of(spec: TableSpec) -> Callable[[Row], Any]:
@@ -304,7 +416,7 @@ def _key_of(spec: TableSpec) -> Callable[[Row], Any]:
 
 def _with_unchanged(rows: Sequence[Row | None]) -> set[int]:
     """Positions of the rows holding an unsent TOAST value (checked a column at a time)."""
-    present = [row for row in rows if row is not None] if None in rows else rows
+    present = [row for row in rows if row is not None]
     if not present:
         return set()
     if len(set(map(len, present))) == 1 and not any(UNCHANGED in values for values in zip(*present, strict=True)):

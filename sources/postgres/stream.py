@@ -35,11 +35,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from reclock.errors import DefiniteSourceError
 from reclock.sources.postgres.catalog import TableSpec
-from reclock.sources.postgres.changes import Change, ChangeBatches
+from reclock.sources.postgres.changes import Change, ChangeBatches, ChangeColumns, TableColumns
 from reclock.sources.postgres.clients import PostgresUnavailable, replication, server_errors
 from reclock.sources.postgres.columns import arrow_type
 from reclock.sources.postgres.pgoutput import (
@@ -49,6 +50,7 @@ from reclock.sources.postgres.pgoutput import (
     Truncate,
     Tuple,
     decode_changes,
+    decode_columns,
     decode_message,
     lsn_text,
 )
@@ -126,6 +128,7 @@ def read_range(
                 elif isinstance(decoded, Truncate):
                     assert txn is not None, "a change outside a transaction"
                     txn[1].extend(_truncated(decoded, relations))
+                    pending.truncates = True
             yield from pending.land(batches)
         yield from batches.finish()
     finally:
@@ -153,9 +156,15 @@ class _Committed:
     payloads: list[bytes] = field(default_factory=list)
     columns: list[_Columns] = field(default_factory=list)
     transactions: list[tuple[Begin, list[_Item]]] = field(default_factory=list)
+    truncates: bool = False
 
     def land(self, batches: ChangeBatches) -> Iterator[tuple[str, pa.RecordBatch]]:
-        """Decode the row changes at once, then hand each transaction to ``batches`` in commit order."""
+        """Hand the transactions to ``batches`` in commit order: as columns when they are plain
+        (:meth:`columns`), else decoded at once into rows, one transaction after the other."""
+        plain = None if self.truncates or not self.payloads else self.as_columns(batches)
+        if plain is not None:
+            yield from batches.columns(plain)
+            return
         rows = decode_changes(self.payloads)
         kinds, olds, news = rows.kinds, rows.olds, rows.news
         for begin, items in self.transactions:
@@ -168,6 +177,33 @@ class _Committed:
                 else:
                     changes.append(item)
             yield from batches.transaction(begin.final_lsn, begin.final_lsn, begin.xid, changes)
+
+    def as_columns(self, batches: ChangeBatches) -> ChangeColumns | None:
+        """The row changes as columns, if every output takes them and each table's messages are
+        of the plain kind (:func:`~reclock.sources.postgres.pgoutput.decode_columns`); else ``None``."""
+        groups: dict[int, tuple[_Columns, list[int]]] = {}
+        for i, columns in enumerate(self.columns):
+            group = groups.get(id(columns))
+            if group is None:
+                group = groups[id(columns)] = (columns, [])
+            group[1].append(i)
+        outputs = [columns.output for columns, _ in groups.values()]
+        if len(set(outputs)) < len(outputs) or not all(batches.takes_columns(output) for output in outputs):
+            return None  # a table read under two definitions, or an output that takes rows
+        tables = []
+        for columns, at in groups.values():
+            decoded = decode_columns([self.payloads[i] for i in at])
+            if decoded is None or len(decoded.columns) != len(columns.order):
+                return None
+            ordered = [decoded.columns[j] for j in columns.order]
+            tables.append(TableColumns(columns.output, np.array(at, np.int64), decoded.kinds, ordered))
+        counts = [len(items) for _, items in self.transactions]
+        return ChangeColumns(
+            offsets=np.array([begin.final_lsn for begin, _ in self.transactions], np.int64),
+            xids=[begin.xid for begin, _ in self.transactions],
+            txn=np.repeat(np.arange(len(counts)), counts),
+            tables=tables,
+        )
 
 
 @dataclass(frozen=True)
