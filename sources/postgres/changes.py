@@ -4,7 +4,9 @@ A reader hands every change of a transaction to :class:`ChangeBatches` once the 
 Commit arrived (the stream) or a snapshot chunk's rows (the snapshot); both carry the source time
 ``_offset``: the transaction's commit LSN, or for the snapshot the LSN just below the slot's
 consistent point, so that every row of one transaction, in every table, is complete at the same
-binding.
+binding. The stream may instead hand many committed transactions at once, column by column
+(:meth:`ChangeBatches.columns`, for the plain changes of ``upsert`` outputs): the same rows in the
+same order, without a Python object per value.
 
 * ``upsert`` outputs get the table's columns and an explicit ``_deleted``; within a transaction
   only the last change of a key is kept (they share one ``_offset``, and the upsert keeps the

@@ -18,6 +18,13 @@ confirmed over WAL without a change of the publication, which a replay of the ra
 read either (docs/sources/postgres.md, "Offsets committed upstream").
 A read that sees no progress for ``read_timeout_s`` is a transient error: the batch is retried.
 
+Row changes (``I``, ``U``, ``D``) of the tables the pipeline reads are kept as the server sent them
+and decoded together once the committed transactions hold :data:`DECODE_ROWS` of them, or at the
+end of the range (:mod:`~reclock.sources.postgres.pgoutput`'s bulk decoders): as Arrow columns
+when every change is plain, else as rows, transaction by transaction. Either way a transaction
+is handed on whole and in commit order. Messages of tables the pipeline does not read are
+skipped undecoded.
+
 A ``Relation`` message (sent before a table's first change in a session, and again after its
 definition changed) is matched with the table's spec by column name: a column of the output
 missing (dropped, renamed) or of another type than the output holds is a definite error naming
