@@ -4,7 +4,9 @@ A reader hands every change of a transaction to :class:`ChangeBatches` once the 
 Commit arrived (the stream) or a snapshot chunk's rows (the snapshot); both carry the source time
 ``_offset``: the transaction's commit LSN, or for the snapshot the LSN just below the slot's
 consistent point, so that every row of one transaction, in every table, is complete at the same
-binding.
+binding. The stream may instead hand many committed transactions at once, column by column
+(:meth:`ChangeBatches.columns`, for the plain changes of ``upsert`` outputs): the same rows in the
+same order, without a Python object per value.
 
 * ``upsert`` outputs get the table's columns and an explicit ``_deleted``; within a transaction
   only the last change of a key is kept (they share one ``_offset``, and the upsert keeps the
@@ -33,10 +35,15 @@ a change with a value its column's type cannot hold goes to ``_errors`` with its
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Sequence
+import operator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain, repeat
+from typing import Any, NamedTuple
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
@@ -44,7 +51,7 @@ from reclock.sources.postgres.columns import typed_column
 from reclock.sources.postgres.pgoutput import UNCHANGED
 from reclock.timeline.frontier import OFFSET, PARTITION, UNKNOWN_FIELDS
 
-__all__ = ["DELETED", "TRUNCATED", "Change", "ChangeBatches"]
+__all__ = ["DELETED", "TRUNCATED", "Change", "ChangeBatches", "ChangeColumns", "TableColumns"]
 
 DELETED = "_deleted"
 #: The sink's staged column that marks a TRUNCATE record of an upsert output.
@@ -56,10 +63,12 @@ _TRUNCATE: tuple = ()
 Row = tuple  # the text values of one row, in the table's column order (None: null)
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     """One change of a table: ``op`` is ``c``, ``u``, ``d``, ``t`` (truncate) or ``r`` (snapshot).
-    Rows hold the output's columns, then the values of the columns ``added`` since it was made."""
+    Rows hold the output's columns, then the values of the columns ``added`` since it was made.
+
+    An immutable named tuple rather than a frozen dataclass: a reader makes one per row, and a
+    batch's changes transpose into its columns in one ``zip``."""
 
     op: str
     old: Row | None
@@ -68,18 +77,79 @@ class Change:
 
 
 @dataclass
-class _Pending:
-    offsets: list[int] = field(default_factory=list)
-    lsns: list[int] = field(default_factory=list)
-    xids: list[int | None] = field(default_factory=list)
+class _Waiting:
+    """One output's changes waiting for their batch, in order: each with its ``seq`` in its
+    transaction, and per transaction its offset, commit LSN, xid and how many of them it has."""
+
+    changes: list[Change] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
-    ops: list[str] = field(default_factory=list)
-    olds: list[Row | None] = field(default_factory=list)
-    news: list[Row | None] = field(default_factory=list)
-    addeds: list[tuple[str, ...]] = field(default_factory=list)
+    runs: list[tuple[int, int, int | None, int]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.changes)
+
+    def pending(self) -> _Pending:
+        ops, olds, news, addeds = zip(*self.changes, strict=True) if self.changes else ((), (), (), ())
+        return _Pending(
+            offsets=_repeated(self.runs, 0),
+            lsns=_repeated(self.runs, 1),
+            xids=_repeated(self.runs, 2),
+            seqs=self.seqs,
+            ops=ops,
+            olds=olds,
+            news=news,
+            addeds=addeds,
+        )
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """A batch's changes of one output, field by field."""
+
+    offsets: list[int]
+    lsns: list[int]
+    xids: list[int | None]
+    seqs: list[int]
+    ops: Sequence[str]
+    olds: Sequence[Row | None]
+    news: Sequence[Row | None]
+    addeds: Sequence[tuple[str, ...]]
 
     def __len__(self) -> int:
         return len(self.offsets)
+
+
+def _repeated(runs: list[tuple[int, int, int | None, int]], field: int) -> list:
+    return list(chain.from_iterable(repeat(run[field], run[3]) for run in runs))
+
+
+@dataclass(frozen=True)
+class TableColumns:
+    """One output's changes among a :class:`ChangeColumns`: their positions there (ascending),
+    their kinds (``I``, ``U``, ``D`` as bytes) and, per column (the output's, then those
+    ``added``), the text of the row each lands: an insert's or update's new row, a delete's old
+    key or row."""
+
+    output: str
+    at: np.ndarray
+    kinds: np.ndarray
+    columns: list[pa.Array]
+
+
+@dataclass(frozen=True)
+class ChangeColumns:
+    """Changes of committed transactions, column by column (:meth:`ChangeBatches.columns`): per
+    transaction its source time (``offsets``, the commit LSN) and xid; per change, in commit
+    order, its transaction's index (``txn``, ascending); and the changes by output."""
+
+    offsets: np.ndarray
+    xids: Sequence[int | None]
+    txn: np.ndarray
+    tables: Sequence[TableColumns]
+
+
+_KIND_OPS = {ord("I"): "c", ord("U"): "u", ord("D"): "d"}
+_DELETE_KIND = ord("D")
 
 
 class ChangeBatches:
@@ -101,7 +171,9 @@ class ChangeBatches:
         self.partition = partition
         self.flush_rows = flush_rows
         self.fail = fail
-        self._pending: dict[str, _Pending] = {}
+        self._waiting: dict[str, _Waiting] = {}
+        #: Per output, its key's values in a row (positions worked out once, not per change).
+        self._keys: dict[str, Callable[[Row], Any]] = {output: _key_of(spec) for output, spec in self.specs.items()}
         self._errors: list[tuple[int, str, str, bytes | None]] = []
 
     def transaction(
@@ -111,16 +183,93 @@ class ChangeBatches:
         source time ``offset``; ``lsn`` is its commit LSN (the snapshot's: the slot's consistent point)."""
         if self.envelope == "upsert":
             changes = self._last_per_key(offset, changes)
+        waiting = self._waiting
+        counts: dict[str, int] = {}
         for seq, (output, change) in enumerate(changes):
-            pending = self._pending.setdefault(output, _Pending())
-            pending.offsets.append(offset)
-            pending.lsns.append(lsn)
-            pending.xids.append(xid)
-            pending.seqs.append(seq)
-            pending.ops.append(change.op)
-            pending.olds.append(change.old)
-            pending.news.append(change.new)
-            pending.addeds.append(change.added)
+            into = waiting.get(output)
+            if into is None:
+                into = waiting[output] = _Waiting()
+            into.changes.append(change)
+            into.seqs.append(seq)
+            counts[output] = counts.get(output, 0) + 1
+        for output, count in counts.items():
+            waiting[output].runs.append((offset, lsn, xid, count))
+        yield from self._flush(full_only=True)
+
+    def takes_columns(self, output: str) -> bool:
+        """Whether :meth:`columns` can take ``output``'s changes: an ``upsert`` output whose
+        unknown fields are not kept (every other output takes :meth:`transaction`)."""
+        return self.envelope == "upsert" and output in self.specs and output not in self.unknown
+
+    def columns(self, changes: ChangeColumns) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Add the changes of committed transactions given column by column, exactly as
+        :meth:`transaction` would take them one transaction after the other; only for outputs
+        that :meth:`takes_columns`, and for inserts, updates and deletes that each carry one row
+        (no truncate, no update sending its old key or row, no unsent TOAST value).
+
+        Step 1 keeps, per output, the last change of each key in each transaction (a group-by of
+        transaction and key, the greatest position); step 2 numbers the kept changes within
+        their transaction across outputs (``seq``, as :meth:`transaction` does); step 3 types
+        each output's kept rows, sends values their column cannot hold to ``_errors``, and
+        yields the output's batch, after any of its changes still waiting from
+        :meth:`transaction`, so the order stays the commit order."""
+        # Step 1: the last change of each key in each transaction
+        kept: list[np.ndarray] = []
+        for table in changes.tables:
+            assert self.takes_columns(table.output), f"output {table.output} takes transactions, not columns"
+            spec = self.specs[table.output]
+            txn = changes.txn[table.at]
+            keyed = {f"k{i}": table.columns[i] for i, c in enumerate(spec.columns) if c.name in spec.key}
+            grouped = pa.table({"txn": txn, "pos": np.arange(len(txn)), **keyed})
+            last = grouped.group_by(["txn", *keyed], use_threads=False).aggregate([("pos", "max")])
+            kept.append(np.sort(last.column("pos_max").to_numpy()))
+        # Step 2: seq, the kept changes' order in their transaction
+        every = np.sort(np.concatenate([t.at[k] for t, k in zip(changes.tables, kept, strict=True)]))
+        txn_of_every = changes.txn[every]
+        seq_of_every = np.arange(len(every)) - np.searchsorted(txn_of_every, txn_of_every, side="left")
+        # Step 3: each output's batch
+        for table, keep in zip(changes.tables, kept, strict=True):
+            spec = self.specs[table.output]
+            waiting = self._waiting.pop(table.output, None)
+            if waiting is not None:
+                yield from self._batch(table.output, waiting.pending())
+            take = pa.array(keep, pa.int64())
+            texts = [column.take(take) for column in table.columns]
+            txn = changes.txn[table.at[keep]]
+            kinds = table.kinds[keep]
+            columns, wrong = [], set()
+            for values, column in zip(texts, spec.columns, strict=False):  # added columns come after
+                array, bad = typed_column(values, column.arrow)
+                columns.append(array)
+                wrong.update(bad)
+            offsets = changes.offsets[txn]
+            if wrong:
+                seqs = seq_of_every[np.searchsorted(every, table.at[keep])]
+                for i in sorted(wrong):
+                    row = tuple(values[i].as_py() for values in texts)
+                    op = _KIND_OPS[int(kinds[i])]
+                    self._reject_change(
+                        spec,
+                        int(offsets[i]),
+                        Change(op, row if op == "d" else None, None if op == "d" else row),
+                        changes.xids[int(txn[i])],
+                        int(seqs[i]),
+                        "decode",
+                        f"table {spec.table.qualified}: a value its column cannot hold",
+                    )
+            deleted = pa.array(kinds == _DELETE_KIND)
+            arrays = [
+                pa.array([self.partition] * len(keep), pa.string()),
+                pa.array(offsets, pa.int64()),
+                *columns,
+                deleted,
+                pa.array(np.zeros(len(keep), np.bool_)),
+            ]
+            if wrong:
+                rows = pa.array([i for i in range(len(keep)) if i not in wrong], pa.int64())
+                arrays = [array.take(rows) for array in arrays]
+            names = [PARTITION, OFFSET, *(c.name for c in spec.columns), DELETED, TRUNCATED]
+            yield table.output, pa.RecordBatch.from_arrays(arrays, names=names)
         yield from self._flush(full_only=True)
 
     def finish(self) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -128,39 +277,39 @@ class ChangeBatches:
         yield from self._flush(full_only=False)
 
     def _last_per_key(self, offset: int, changes: Sequence[tuple[str, Change]]) -> list[tuple[str, Change]]:
-        latest: dict[tuple[str, Row], Change] = {}
+        latest: dict[tuple[str, Any], Change] = {}
+        keys = self._keys
         for output, change in changes:
-            spec = self.specs[output]
-            if change.op == "t":
+            op, old, new = change.op, change.old, change.new
+            if op == "t":
                 for earlier in [k for k in latest if k[0] == output]:
                     del latest[earlier]
                 latest[(output, _TRUNCATE)] = change
                 continue
-            key_at = [i for i, c in enumerate(spec.columns) if c.name in spec.key]
-            if change.op in ("u", "d") and change.old is not None:
-                old_key = tuple(change.old[i] for i in key_at)
-                before = latest.get((output, old_key))
-                if change.op == "u" and change.new is not None and UNCHANGED in change.new:
-                    change = Change(change.op, change.old, _filled(change.new, change.old, before), change.added)
-                if change.op == "d" or tuple(change.new[i] for i in key_at) != old_key:  # type: ignore[index]
-                    latest.pop((output, old_key), None)
-                    latest[(output, old_key)] = Change("d", change.old, None, change.added)
-            if change.new is not None:
-                new_key = tuple(change.new[i] for i in key_at)
-                before = latest.get((output, new_key))
-                if UNCHANGED in change.new:
-                    change = Change(change.op, change.old, _filled(change.new, None, before), change.added)
-                latest.pop((output, new_key), None)  # re-inserted: its position is its last change's
-                latest[(output, new_key)] = change
+            key = keys[output]
+            if old is not None and op in ("u", "d"):
+                old_key = (output, key(old))
+                if op == "u" and new is not None and UNCHANGED in new:
+                    new = _filled(new, old, latest.get(old_key))
+                    change = Change(op, old, new, change.added)
+                if op == "d" or (output, key(new)) != old_key:  # type: ignore[arg-type]
+                    latest.pop(old_key, None)
+                    latest[old_key] = Change("d", old, None, change.added)
+            if new is not None:
+                new_key = (output, key(new))
+                if UNCHANGED in new:
+                    change = Change(op, old, _filled(new, None, latest.get(new_key)), change.added)
+                latest.pop(new_key, None)  # re-inserted: its position is its last change's
+                latest[new_key] = change
         return [(output, change) for (output, _), change in latest.items()]
 
     def _flush(self, *, full_only: bool) -> Iterator[tuple[str, pa.RecordBatch]]:
-        for output in list(self._pending):
-            pending = self._pending[output]
-            if full_only and len(pending) < self.flush_rows:
+        for output in list(self._waiting):
+            waiting = self._waiting[output]
+            if full_only and len(waiting) < self.flush_rows:
                 continue
-            del self._pending[output]
-            yield from self._batch(output, pending)
+            del self._waiting[output]
+            yield from self._batch(output, waiting.pending())
         if self._errors and (not full_only or len(self._errors) >= self.flush_rows):
             errors, self._errors = self._errors, []
             offsets, kinds, messages, raws = zip(*errors, strict=True)
@@ -169,22 +318,22 @@ class ChangeBatches:
     def _batch(self, output: str, pending: _Pending) -> Iterator[tuple[str, pa.RecordBatch]]:
         spec = self.specs[output]
         n = len(pending)
-        bad: set[int] = set()
         if self.envelope == "upsert":
             rows = [new if new is not None else old for new, old in zip(pending.news, pending.olds, strict=True)]
-            for i, row in enumerate(rows):
-                if row is not None and UNCHANGED in row:
-                    self._reject(spec, pending, i, "unchanged_toast", _toast_message(spec))
-                    bad.add(i)
-            columns, wrong = self._typed(spec, [None if i in bad else r for i, r in enumerate(rows)])
+            bad = _with_unchanged(rows)
+            for i in sorted(bad):
+                self._reject(spec, pending, i, "unchanged_toast", _toast_message(spec))
+            columns, wrong = self._typed(spec, [None if i in bad else r for i, r in enumerate(rows)] if bad else rows)
             self._reject_values(spec, pending, wrong - bad)
-            keep = [i for i in range(n) if i not in bad and i not in wrong]
-            deleted = pa.array([pending.ops[i] in ("d", "t") for i in keep], pa.bool_())
-            truncated = pa.array([pending.ops[i] == "t" for i in keep], pa.bool_())
-            own = [column.take(pa.array(keep, pa.int64())) for column in columns]
-            names = [c.name for c in spec.columns]
-            arrays = [*self._lineage(pending, keep), *own, deleted, truncated]
-            names = [PARTITION, OFFSET, *names, DELETED, TRUNCATED]
+            dropped = bad | wrong
+            keep = [i for i in range(n) if i not in dropped]
+            ops = pa.array(pending.ops, pa.string())
+            deleted, truncated = pc.is_in(ops, pa.array(["d", "t"])), pc.equal(ops, "t")
+            arrays = [*self._lineage(pending, keep), *columns, deleted, truncated]
+            if dropped:
+                take = pa.array(keep, pa.int64())
+                arrays[2:] = [array.take(take) for array in arrays[2:]]
+            names = [PARTITION, OFFSET, *(c.name for c in spec.columns), DELETED, TRUNCATED]
             if output in self.unknown:
                 arrays.append(_unknown(spec, rows, pending.addeds, keep))
                 names.append(UNKNOWN_FIELDS)
@@ -214,18 +363,23 @@ class ChangeBatches:
         yield output, pa.RecordBatch.from_arrays(arrays, names=names)
 
     def _lineage(self, pending: _Pending, keep: list[int]) -> list[pa.Array]:
-        return [
-            pa.array([self.partition] * len(keep), pa.string()),
-            pa.array([pending.offsets[i] for i in keep], pa.int64()),
-        ]
+        offsets = pending.offsets if len(keep) == len(pending) else [pending.offsets[i] for i in keep]
+        return [pa.array([self.partition] * len(keep), pa.string()), pa.array(offsets, pa.int64())]
 
     def _typed(self, spec: TableSpec, rows: Sequence[Row | None]) -> tuple[list[pa.Array], set[int]]:
         """Per column, the typed values of ``rows`` (a missing row or an unsent value is null),
         and the positions of rows with a value its column cannot hold."""
+        width = len(spec.columns)
+        if None in rows:
+            missing = (None,) * width
+            rows = [missing if row is None else row for row in rows]
+        # rows may be wider than the output (columns added), never narrower
+        texts: list[Sequence[Any]] = list(zip(*rows, strict=False))[:width] if rows else [()] * width
         columns, wrong = [], set()
-        for j, column in enumerate(spec.columns):
-            texts = [None if row is None or row[j] is UNCHANGED else row[j] for row in rows]
-            array, bad = typed_column(texts, column.arrow)
+        for values, column in zip(texts, spec.columns, strict=True):
+            if UNCHANGED in values:
+                values = [None if v is UNCHANGED else v for v in values]
+            array, bad = typed_column(values, column.arrow)
             columns.append(array)
             wrong.update(bad)
         return columns, wrong
@@ -235,17 +389,41 @@ class ChangeBatches:
             self._reject(spec, pending, i, "decode", f"table {spec.table.qualified}: a value its column cannot hold")
 
     def _reject(self, spec: TableSpec, pending: _Pending, i: int, kind: str, message: str) -> None:
+        change = Change(pending.ops[i], pending.olds[i], pending.news[i])
+        self._reject_change(spec, pending.offsets[i], change, pending.xids[i], pending.seqs[i], kind, message)
+
+    def _reject_change(
+        self, spec: TableSpec, offset: int, change: Change, xid: int | None, seq: int, kind: str, message: str
+    ) -> None:
         raw = {
             "table": spec.table.qualified,
-            "op": pending.ops[i],
-            "xid": pending.xids[i],
-            "seq": pending.seqs[i],
-            "old": _jsonable(pending.olds[i]),
-            "new": _jsonable(pending.news[i]),
+            "op": change.op,
+            "xid": xid,
+            "seq": seq,
+            "old": _jsonable(change.old),
+            "new": _jsonable(change.new),
         }
         if self.fail:
-            raise RecordError(f"{message} (commit LSN {pending.offsets[i]})")
-        self._errors.append((pending.offsets[i], kind, message, json.dumps(raw).encode()))
+            raise RecordError(f"{message} (commit LSN {offset})")
+        self._errors.append((offset, kind, message, json.dumps(raw).encode()))
+
+
+def _key_of(spec: TableSpec) -> Callable[[Row], Any]:
+    """The values of ``spec``'s key in one of its rows (one value for a one-column key)."""
+    at = [i for i, c in enumerate(spec.columns) if c.name in spec.key]
+    if not at:
+        return lambda row: ()
+    return operator.itemgetter(*at)
+
+
+def _with_unchanged(rows: Sequence[Row | None]) -> set[int]:
+    """Positions of the rows holding an unsent TOAST value (checked a column at a time)."""
+    present = [row for row in rows if row is not None]
+    if not present:
+        return set()
+    if len(set(map(len, present))) == 1 and not any(UNCHANGED in values for values in zip(*present, strict=True)):
+        return set()
+    return {i for i, row in enumerate(rows) if row is not None and UNCHANGED in row}
 
 
 def _filled(new: Row, old: Row | None, before: Change | None) -> Row:

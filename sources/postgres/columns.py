@@ -50,10 +50,11 @@ def arrow_type(type_oid: int, typmod: int) -> pa.DataType:
     return _BY_OID.get(type_oid, pa.string())
 
 
-def typed_column(texts: Sequence[str | None], kind: pa.DataType) -> tuple[pa.Array, list[int]]:
-    """``texts`` as an array of ``kind``, and the positions whose text is not a value of it (null
-    in the array). A value of a type kept as text never fails."""
-    raw = pa.array(texts, pa.string())
+def typed_column(texts: Sequence[str | None] | pa.Array, kind: pa.DataType) -> tuple[pa.Array, list[int]]:
+    """``texts`` (Python strings, or already a string array) as an array of ``kind``, and the
+    positions whose text is not a value of it (null in the array). A value of a type kept as text
+    never fails."""
+    raw = texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
     if pa.types.is_string(kind):
         return raw, []
     try:
@@ -62,7 +63,7 @@ def typed_column(texts: Sequence[str | None], kind: pa.DataType) -> tuple[pa.Arr
         pass
     values: list[object] = []
     bad: list[int] = []
-    for i, text in enumerate(texts):
+    for i, text in enumerate(raw.to_pylist()):
         try:
             values.append(None if text is None else _cast(pa.array([text], pa.string()), kind)[0].as_py())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):

@@ -18,6 +18,13 @@ confirmed over WAL without a change of the publication, which a replay of the ra
 read either (docs/sources/postgres.md, "Offsets committed upstream").
 A read that sees no progress for ``read_timeout_s`` is a transient error: the batch is retried.
 
+Row changes (``I``, ``U``, ``D``) of the tables the pipeline reads are kept as the server sent them
+and decoded together once the committed transactions hold :data:`DECODE_ROWS` of them, or at the
+end of the range (:mod:`~reclock.sources.postgres.pgoutput`'s bulk decoders): as Arrow columns
+when every change is plain, else as rows, transaction by transaction. Either way a transaction
+is handed on whole and in commit order. Messages of tables the pipeline does not read are
+skipped undecoded.
+
 A ``Relation`` message (sent before a table's first change in a session, and again after its
 definition changed) is matched with the table's spec by column name: a column of the output
 missing (dropped, renamed) or of another type than the output holds is a definite error naming
@@ -27,27 +34,30 @@ the table and the column; columns added come after the output's in each change's
 
 from __future__ import annotations
 
+import operator
 import select
+import struct
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from reclock.errors import DefiniteSourceError
 from reclock.sources.postgres.catalog import TableSpec
-from reclock.sources.postgres.changes import Change, ChangeBatches
+from reclock.sources.postgres.changes import Change, ChangeBatches, ChangeColumns, TableColumns
 from reclock.sources.postgres.clients import PostgresUnavailable, replication, server_errors
 from reclock.sources.postgres.columns import arrow_type
 from reclock.sources.postgres.pgoutput import (
     Begin,
     Commit,
-    Delete,
-    Insert,
     Relation,
     Truncate,
     Tuple,
-    Update,
+    decode_changes,
+    decode_columns,
     decode_message,
     lsn_text,
 )
@@ -69,11 +79,12 @@ def read_range(
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
     """Every change committed in ``[start, end)``, as ``batches`` builds them (see the module docstring)."""
     by_name = {spec.table.qualified: spec for spec in specs}
-    relations: dict[int, _Columns | None] = {}
+    relations: dict[bytes, _Columns | None] = {}  # by the relation id's 4 bytes, as a message carries it
     conn, cursor = replication(dsn, slot, publication, start, wait_s=read_timeout_s)
     try:
         with server_errors(slot, publication):
-            txn: tuple[Begin, list[tuple[str, Change]]] | None = None
+            txn: tuple[Begin, list[_Item]] | None = None
+            pending = _Committed()
             last_progress = last_feedback = time.monotonic()
             cursor.send_feedback(reply=True)
             while True:
@@ -96,24 +107,110 @@ def read_range(
                         last_feedback = time.monotonic()
                     continue
                 last_progress = now
-                decoded = decode_message(message.payload)
+                payload = message.payload
+                if payload[:1] in _ROW_CHANGES:  # the hot path: kept as bytes, decoded in bulk
+                    assert txn is not None, "a change outside a transaction"
+                    columns = relations.get(payload[1:5], _UNSEEN)
+                    if columns is _UNSEEN:  # a relation never announced: not read, but checked
+                        decode_message(payload)
+                    elif columns is not None:  # None: a table of the publication the pipeline does not read
+                        txn[1].append(len(pending.payloads))
+                        pending.payloads.append(payload)
+                        pending.columns.append(columns)
+                    continue
+                decoded = decode_message(payload)
                 if isinstance(decoded, Begin):
                     if decoded.final_lsn >= end:
                         break
                     txn = (decoded, [])
                 elif isinstance(decoded, Commit):
                     assert txn is not None, "Commit without Begin"
-                    begin, changes = txn
+                    pending.transactions.append(txn)
                     txn = None
-                    yield from batches.transaction(begin.final_lsn, begin.final_lsn, begin.xid, changes)
+                    if len(pending.payloads) >= DECODE_ROWS:
+                        yield from pending.land(batches)
+                        pending = _Committed()
                 elif isinstance(decoded, Relation):
-                    relations[decoded.relation_id] = _checked(decoded, by_name)
-                elif isinstance(decoded, (Insert, Update, Delete, Truncate)):
+                    relations[_U32.pack(decoded.relation_id)] = _checked(decoded, by_name)
+                elif isinstance(decoded, Truncate):
                     assert txn is not None, "a change outside a transaction"
-                    txn[1].extend(_changes(decoded, relations))
+                    txn[1].extend(_truncated(decoded, relations))
+                    pending.truncates = True
+            yield from pending.land(batches)
         yield from batches.finish()
     finally:
         conn.close()
+
+
+#: Row changes decoded together (:func:`~reclock.sources.postgres.pgoutput.decode_changes`): the
+#: committed transactions read so far are decoded and handed on once they hold this many.
+DECODE_ROWS = 20_000
+
+_ROW_CHANGES = (b"I", b"U", b"D")
+_OPS = {"I": "c", "U": "u", "D": "d"}
+_U32 = struct.Struct(">I")
+_UNSEEN: Any = object()
+
+#: One change of a transaction as read: a row change's place among the undecoded payloads, or a
+#: truncate's change, ready.
+_Item = int | tuple[str, Change]
+
+
+@dataclass
+class _Committed:
+    """Committed transactions whose row changes wait, as payloads, to be decoded together."""
+
+    payloads: list[bytes] = field(default_factory=list)
+    columns: list[_Columns] = field(default_factory=list)
+    transactions: list[tuple[Begin, list[_Item]]] = field(default_factory=list)
+    truncates: bool = False
+
+    def land(self, batches: ChangeBatches) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """Hand the transactions to ``batches`` in commit order: as columns when they are plain
+        (:meth:`columns`), else decoded at once into rows, one transaction after the other."""
+        plain = None if self.truncates or not self.payloads else self.as_columns(batches)
+        if plain is not None:
+            yield from batches.columns(plain)
+            return
+        rows = decode_changes(self.payloads)
+        kinds, olds, news = rows.kinds, rows.olds, rows.news
+        for begin, items in self.transactions:
+            changes: list[tuple[str, Change]] = []
+            for item in items:
+                if isinstance(item, int):
+                    columns = self.columns[item]
+                    change = Change(_OPS[kinds[item]], columns.row(olds[item]), columns.row(news[item]), columns.added)
+                    changes.append((columns.output, change))
+                else:
+                    changes.append(item)
+            yield from batches.transaction(begin.final_lsn, begin.final_lsn, begin.xid, changes)
+
+    def as_columns(self, batches: ChangeBatches) -> ChangeColumns | None:
+        """The row changes as columns, if every output takes them and each table's messages are
+        of the plain kind (:func:`~reclock.sources.postgres.pgoutput.decode_columns`); else ``None``."""
+        groups: dict[int, tuple[_Columns, list[int]]] = {}
+        for i, columns in enumerate(self.columns):
+            group = groups.get(id(columns))
+            if group is None:
+                group = groups[id(columns)] = (columns, [])
+            group[1].append(i)
+        outputs = [columns.output for columns, _ in groups.values()]
+        if len(set(outputs)) < len(outputs) or not all(batches.takes_columns(output) for output in outputs):
+            return None  # a table read under two definitions, or an output that takes rows
+        tables = []
+        for columns, at in groups.values():
+            decoded = decode_columns([self.payloads[i] for i in at])
+            if decoded is None or len(decoded.columns) != len(columns.order):
+                return None
+            ordered = [decoded.columns[j] for j in columns.order]
+            tables.append(TableColumns(columns.output, np.array(at, np.int64), decoded.kinds, ordered))
+        counts = [len(items) for _, items in self.transactions]
+        return ChangeColumns(
+            offsets=np.array([begin.final_lsn for begin, _ in self.transactions], np.int64),
+            xids=[begin.xid for begin, _ in self.transactions],
+            txn=np.repeat(np.arange(len(counts)), counts),
+            tables=tables,
+        )
 
 
 @dataclass(frozen=True)
@@ -123,25 +220,21 @@ class _Columns:
     output: str
     order: tuple[int, ...]  # positions in the relation's rows: the output's columns, then the added
     added: tuple[str, ...]
+    pick: Callable[[Tuple], Tuple] | None = field(init=False, compare=False)  # None: the order is the relation's
+
+    def __post_init__(self) -> None:
+        identity = self.order == tuple(range(len(self.order)))
+        object.__setattr__(self, "pick", None if identity else operator.itemgetter(*self.order))
 
     def row(self, values: Tuple | None) -> Tuple | None:
-        return None if values is None else tuple(values[i] for i in self.order)
+        if values is None or self.pick is None:
+            return values
+        return self.pick(values)
 
 
-def _changes(
-    message: Insert | Update | Delete | Truncate, relations: Mapping[int, _Columns | None]
-) -> list[tuple[str, Change]]:
-    if isinstance(message, Truncate):
-        read = [relations.get(r) for r in message.relation_ids]
-        return [(columns.output, Change("t", None, None)) for columns in read if columns is not None]
-    columns = relations.get(message.relation_id)
-    if columns is None:  # a table of the publication the pipeline does not read
-        return []
-    if isinstance(message, Insert):
-        return [(columns.output, Change("c", None, columns.row(message.new), columns.added))]
-    if isinstance(message, Update):
-        return [(columns.output, Change("u", columns.row(message.old), columns.row(message.new), columns.added))]
-    return [(columns.output, Change("d", columns.row(message.old), None, columns.added))]
+def _truncated(message: Truncate, relations: Mapping[bytes, _Columns | None]) -> list[tuple[str, Change]]:
+    read = [relations.get(_U32.pack(r)) for r in message.relation_ids]
+    return [(columns.output, Change("t", None, None)) for columns in read if columns is not None]
 
 
 def _checked(relation: Relation, by_name: Mapping[str, TableSpec]) -> _Columns | None:

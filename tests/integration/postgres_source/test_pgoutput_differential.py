@@ -25,6 +25,8 @@ from reclock.sources.postgres.pgoutput import (
     Relation,
     Truncate,
     Update,
+    decode_changes,
+    decode_columns,
     decode_message,
 )
 
@@ -86,6 +88,37 @@ def test_pgoutput_decodes_what_test_decoding_prints(postgres):
     for ours, theirs in zip(binary_changes, text_changes, strict=True):
         assert ours == theirs
     assert any(UNCHANGED_TEXT in str(change) for change in text_changes)  # the workload did reach TOAST
+    _bulk_decoders_agree(binary)
+
+
+def _bulk_decoders_agree(binary: list[bytes]) -> None:
+    """The stream's bulk decoders read the server's row changes as :func:`decode_message` does
+    (which the test above pins to test_decoding): all of them at once, and each table's plain
+    ones (no old tuple on an update, no unsent TOAST) as columns."""
+    rows = [data for data in binary if data[:1] in (b"I", b"U", b"D")]
+    one_by_one = [decode_message(data) for data in rows]
+    bulk = decode_changes(rows)
+    for i, message in enumerate(one_by_one):
+        assert bulk.relation_ids[i] == message.relation_id
+        assert bulk.olds[i] == (None if isinstance(message, Insert) else message.old)
+        assert bulk.news[i] == (None if isinstance(message, Delete) else message.new)
+    plain = [
+        i
+        for i, m in enumerate(one_by_one)
+        if not (isinstance(m, Update) and m.old is not None)
+        and UNCHANGED not in (m.old if isinstance(m, Delete) else m.new)
+    ]
+    by_relation: dict[int, list[int]] = {}
+    for i in plain:
+        by_relation.setdefault(one_by_one[i].relation_id, []).append(i)
+    assert len(by_relation) == 3
+    for at in by_relation.values():
+        columns = decode_columns([rows[i] for i in at])
+        assert columns is not None
+        for row, i in enumerate(at):
+            m = one_by_one[i]
+            carried = m.old if isinstance(m, Delete) else m.new
+            assert tuple(column[row].as_py() for column in columns.columns) == carried
 
 
 def test_column_values_type_as_the_server_reads_them(postgres):
