@@ -30,8 +30,9 @@ pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its 
 Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
 runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
 :class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks`,
-:class:`GrowsOutputs` and, for the class, :class:`TakesContext`. A source declares one by subclassing it (which also gives its defaults) or
-by having its members; any class may, a plugin as much as a built-in.
+:class:`GrowsOutputs` and, for the class, :class:`TakesContext`. A source declares one by
+subclassing it (which also gives its defaults) or by having its members; any class may, a plugin
+as much as a built-in.
 """
 
 from __future__ import annotations

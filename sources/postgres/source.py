@@ -185,7 +185,8 @@ class PostgresSource(SourceBase, GrowsOutputs):
         return [spec.as_output(self.options.envelope) for spec in self.specs]
 
     def joined_outputs(self) -> Sequence[JoinedOutput]:
-        """The tables joined so far, each an output born at its copy's partition (:mod:`~reclock.sources.postgres.joining`)."""
+        """The tables joined so far, each an output born at its copy's partition
+        (:mod:`~reclock.sources.postgres.joining`)."""
         return [JoinedOutput(j.spec.as_output(self.options.envelope), j.partition) for j in self.joins]
 
     def keep_unknown_fields(self, outputs: Sequence[str]) -> None:

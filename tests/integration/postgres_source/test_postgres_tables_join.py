@@ -257,3 +257,43 @@ def test_a_crash_anywhere_in_the_join_converges_to_exactly_once(postgres, tmp_pa
         named = {Path(c[1]).name for c in manifest["chunks"]}
         assert {p.name for p in (state / "chunks").glob("join-*-public_c.parquet")} == named
     drop_slot(postgres, db, restarted.source.options.slot)  # type: ignore[attr-defined]
+
+
+def test_a_joined_tables_changes_below_its_copy_are_not_streamed_twice(postgres, tmp_path):
+    """Under ``append`` every change is a row, so a change both in the copy and in the stream
+    would show twice: the changes of c committed after it joined the publication but before its
+    copy's consistent point are in its ``r`` rows only; those after are change rows, once each."""
+    db = "joinappend"
+    _setup(postgres, db)
+    lake = tmp_path / "lake"
+    source = _source(postgres, db, tmp_path, envelope="append")
+    pipeline = Pipeline("pg", lake, source)
+    pipeline.step()
+    _join_c(postgres, db, rows=300)
+    pipeline.step()
+    _write_more(postgres, db, 1)
+    pipeline.step()
+    consistent = json.loads((tmp_path / "state" / "joins" / "public_c.json").read_text())["consistent_lsn"]
+    rows = read_rows(_log(lake, "public_c"))
+    assert rows is not None
+    changes = rows.sort_by([("_into_ts", "ascending"), ("_offset", "ascending"), ("seq", "ascending")]).to_pylist()
+    copied = [r for r in changes if r["op"] == "r"]
+    streamed = [r for r in changes if r["op"] != "r"]
+    # The copy: the table at C (id 1 moved 10, 301 inserted, 2 deleted before C), one row per key.
+    assert {r["after"]["id"]: r["after"]["v"] for r in copied} == {
+        **{i: i for i in range(3, 301)},
+        1: 10,
+        301: 1,
+    }
+    assert len(copied) == 300 and {r["commit_lsn"] for r in copied} == {consistent}
+    # The stream: only what committed at or after C, each change once.
+    assert streamed and all(r["commit_lsn"] >= consistent for r in streamed)
+    assert len({(r["commit_lsn"], r["seq"]) for r in streamed}) == len(streamed)
+    mirror: dict[int, int] = {}
+    for r in changes:
+        if r["before"] is not None and r["op"] in ("u", "d"):
+            mirror.pop(r["before"]["id"], None)
+        if r["after"] is not None:
+            mirror[r["after"]["id"]] = r["after"]["v"]
+    assert sorted(mirror.items()) == _table(postgres, db, "c")
+    drop_slot(postgres, db, source.options.slot)
