@@ -297,3 +297,69 @@ def test_a_joined_tables_changes_below_its_copy_are_not_streamed_twice(postgres,
             mirror[r["after"]["id"]] = r["after"]["v"]
     assert sorted(mirror.items()) == _table(postgres, db, "c")
     drop_slot(postgres, db, source.options.slot)
+
+
+def test_a_running_job_lands_a_joining_table_and_status_lists_it(postgres, tmp_path):
+    """The same through ``reclock create`` and ``reclock start``: a definition with
+    ``tables = ["a", "b", "*"]``, c added to the publication while the job runs."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tests.integration.helpers import reclock_cli, write_config
+
+    db = "joinjob"
+    _setup(postgres, db)
+    config = write_config(
+        tmp_path / "job.toml",
+        pipeline={"name": "pg", "lake": "lake", "engine": "local", "batch_interval": 0.2, "idle_interval": 1.0},
+        source={
+            "kind": "postgres",
+            "dsn": postgres.dsn(db),
+            "tables": ["a", "b", "*"],
+            "slot": f"s_{db}",
+            "publication": f"p_{db}",
+            "read_timeout_s": 10.0,
+        },
+    )
+    created = reclock_cli("create", str(config), cwd=tmp_path)
+    assert created.returncode == 0, created.stderr
+    lake = tmp_path / "lake"
+
+    def until(what, seconds: float = 90):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if what():
+                    return
+            except (AssertionError, FileNotFoundError, KeyError):
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"not reached in {seconds} s: {(tmp_path / 'job.err').read_text()[-2000:]}")
+
+    with open(tmp_path / "job.err", "ab") as err:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "pg"],
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        until(lambda: _rows(lake, "public_a") == _table(postgres, db, "a"))
+        _join_c(postgres, db)
+        _write_more(postgres, db, 1)
+        until(lambda: all(_rows(lake, o) == _table(postgres, db, t) for t, o in zip("abc", OUTPUTS, strict=True)))
+        status = reclock_cli("--lake", str(lake), "status", "pg", cwd=tmp_path)
+        assert status.returncode == 0, status.stderr
+        assert "public_c" in status.stdout, status.stdout
+        assert reclock_cli("--lake", str(lake), "stop", "pg", "--wait", "30").returncode == 0
+        job.wait(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    _check_join(lake, 0)
+    _check_cuts(lake)
+    drop_slot(postgres, db, f"s_{db}")
