@@ -29,9 +29,10 @@ pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its 
 
 Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
 runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
-:class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks` and, for the class,
-:class:`TakesContext`. A source declares one by subclassing it (which also gives its defaults) or
-by having its members; any class may, a plugin as much as a built-in.
+:class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks`,
+:class:`GrowsOutputs` and, for the class, :class:`TakesContext`. A source declares one by
+subclassing it (which also gives its defaults) or by having its members; any class may, a plugin
+as much as a built-in.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ __all__ = [
     "Envelope",
     "FileStates",
     "GroupReads",
+    "GrowsOutputs",
+    "JoinedOutput",
     "KeepsUnknownFields",
     "ListedFile",
     "Output",
@@ -372,6 +375,36 @@ class KeepsUnknownFields(Protocol):
         """From now on, add each record's undeclared fields of ``outputs`` as one JSON object in
         :data:`~reclock.timeline.frontier.UNKNOWN_FIELDS`; a :class:`ConfigError` naming
         ``outputs.<name>.schema_evolution`` if an output's format has no such fields."""
+        ...
+
+
+@dataclass(frozen=True)
+class JoinedOutput:
+    """An output that joined the source after it was built, born at the into time of offset 0 of
+    ``partition``: the binding that first holds that partition holds the output's first records
+    (a table's snapshot), and the output holds nothing before it."""
+
+    output: Output
+    partition: Partition
+
+
+@runtime_checkable
+class GrowsOutputs(Protocol):
+    """Gains outputs while it runs: the Postgres source, a table that joins the publication.
+
+    :meth:`Source.outputs` names the outputs the source was built with; these come later. The
+    runtime asks before it plans every batch (and when a pipeline is built): an output whose
+    ``partition`` is bound is *born* at that binding ``T`` (the least binding time with
+    ``0 < R(T)[partition]``). Its sink then commits an empty version labelled ``T - 1`` before
+    any batch that reaches ``T``, so its upper is ``T``: it never holds the resume frontier back
+    to the start, and a read as of a time before ``T`` finds it empty.
+
+    A source must keep reporting a joined output once it did (a restart builds it again), and
+    must produce no record of it at a partition and offset bound before ``T``.
+    """
+
+    def joined_outputs(self) -> Sequence[JoinedOutput]:
+        """The outputs joined so far, beyond :meth:`Source.outputs`; called on the driver after a probe."""
         ...
 
 

@@ -52,7 +52,7 @@ from reclock.runtime.health import Health, after_batch
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
-from reclock.runtime.outputs import layouts_of, outputs_of
+from reclock.runtime.outputs import joined_output, layouts_of, outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane, task_runner
 from reclock.runtime.planning import in_split_order, plan_batch, without_skips
 from reclock.runtime.redrives import redrive_splits
@@ -63,7 +63,7 @@ from reclock.runtime.shaping import Shape, route_outputs
 from reclock.runtime.task import BatchPlan
 from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
-from reclock.sources.base import ERRORS, RunsTasks, Source, error_batch
+from reclock.sources.base import ERRORS, GrowsOutputs, Output, RunsTasks, Source, error_batch
 from reclock.timeline.frontier import Frontier, IntoTime, encode_partition, wall_clock_ms
 from reclock.timeline.lag import total_lag
 from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
@@ -117,19 +117,53 @@ class Pipeline:
         self.layouts = layouts_of(source, self.outputs, layouts or {})
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
-        self.sinks = {
-            output.name: OutputSink(
-                self.lake.output_path(name, output.name),
-                sink_id(name, output.name),
-                table_schema(output.schema, layout=self.layouts.get(output.name)),
-                envelope=output.envelope,
-                key=output.key,
-                store=self.lake.store,
-                layout=self.layouts.get(output.name),
-            )
-            for output in self.outputs.values()
-        }
+        self.sinks = {output.name: self._sink(output) for output in self.outputs.values()}
         self.windows = Windows(self.lake, name, windows, self.outputs, on_commit=self._on_step)
+        self._born_outputs()
+
+    def _sink(self, output: Output) -> OutputSink:
+        return OutputSink(
+            self.lake.output_path(self.name, output.name),
+            sink_id(self.name, output.name),
+            table_schema(output.schema, layout=self.layouts.get(output.name)),
+            envelope=output.envelope,
+            key=output.key,
+            store=self.lake.store,
+            layout=self.layouts.get(output.name),
+        )
+
+    def _born_outputs(self) -> None:
+        """Outputs the source gained while running (:class:`~reclock.sources.base.GrowsOutputs`),
+        each born at the binding ``T`` that first holds offset 0 of its partition.
+
+        Called when the pipeline is built and before every batch is planned, so an output is born
+        before any batch reaching ``T`` runs. Step 1: the sink and its table. Step 2: an empty
+        commit labelled ``T - 1``, so the output's upper is ``T``: the resume frontier (the least
+        upper) is not dragged back to the start, and a read as of a time before ``T`` finds the
+        output empty. A crash between the two steps leaves a table at upper 0 that the next
+        call finishes (until then the readable upper is 0: nothing wrong is readable). A source
+        that has not bound the partition yet has an output that is not born yet: nothing happens.
+        """
+        if not isinstance(self.source, GrowsOutputs):
+            return
+        bindings = self.remap.bindings
+        for joined in self.source.joined_outputs():
+            if joined.output.name in self.sinks:
+                continue
+            born = bindings.reclock(joined.partition, 0)
+            if born is None:
+                continue
+            output = joined_output(joined.output, self.outputs)
+            # Step 1: the sink, its table created (or found, after a crash).
+            sink = self._sink(output)
+            # Step 2: its upper at the birth, by one empty labelled commit.
+            if sink.upper < born:
+                self._fence()
+                sink.commit([], born - 1, planned_upper=sink.upper)
+            self.outputs[output.name] = output
+            self.sinks[output.name] = sink
+            log.info("pipeline %s: output %s joined, born at %d", self.name, output.name, born)
+            self._on_step(f"born:{output.name}")
 
     # -- progress ------------------------------------------------------------------------------
 
@@ -369,6 +403,8 @@ class Pipeline:
     # -- steps ---------------------------------------------------------------------------------
 
     def _run_batch(self) -> BatchReport:
+        # Outputs the source gained are born before a batch reaches their binding.
+        self._born_outputs()
         # Step 3: plan from the slowest output.
         clock = time.monotonic()
         bindings = self.remap.bindings

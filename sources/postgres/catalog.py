@@ -26,7 +26,18 @@ from reclock.sources.postgres.columns import arrow_type
 from reclock.sources.postgres.config import TableName, output_name
 from reclock.sources.postgres.state import StateFolder
 
-__all__ = ["CHANGE_COLUMNS", "ColumnSpec", "TableSpec", "check_wal_level", "describe", "ensure_publication", "pinned"]
+__all__ = [
+    "CHANGE_COLUMNS",
+    "ColumnSpec",
+    "TableSpec",
+    "check_wal_level",
+    "describe",
+    "ensure_publication",
+    "pinned",
+    "pinned_tables",
+    "spec_json",
+    "spec_of_json",
+]
 
 #: The file in the source's state folder holding the specs the outputs were made for.
 TABLES = "tables.json"
@@ -140,10 +151,15 @@ def describe(cursor: Any, tables: Sequence[TableName], envelope: str) -> tuple[T
 
 
 def ensure_publication(cursor: Any, publication: str, tables: Sequence[TableName]) -> None:
-    """Create ``publication`` for ``tables``, or add to it those it lacks (it may publish others)."""
+    """Create ``publication`` for ``tables``, or add to it those it lacks (it may publish others).
+    With no ``tables`` (a definition of the whole publication, ``"*"``) a publication made here
+    publishes nothing until tables are added to it (``ALTER PUBLICATION ... ADD TABLE``)."""
     cursor.execute("SELECT 1 FROM pg_publication WHERE pubname = %s", (publication,))
     if cursor.fetchone() is None:
-        cursor.execute(f'CREATE PUBLICATION "{publication}" FOR TABLE {", ".join(t.quoted for t in tables)}')
+        listed = f" FOR TABLE {', '.join(t.quoted for t in tables)}" if tables else ""
+        cursor.execute(f'CREATE PUBLICATION "{publication}"{listed}')
+        return
+    if not tables:
         return
     cursor.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
     published = {TableName(s, n) for s, n in cursor.fetchall()}
@@ -161,17 +177,27 @@ def pinned(state: StateFolder | None, specs: Sequence[TableSpec]) -> tuple[Table
         return tuple(specs)
     text = state.read_text(TABLES)
     if text is None:
-        state.write_bytes(TABLES, json.dumps([_spec_json(spec) for spec in specs]).encode())
+        state.write_bytes(TABLES, json.dumps([spec_json(spec) for spec in specs]).encode())
         return tuple(specs)
-    made = {}
-    for item in json.loads(text):
-        columns = tuple(ColumnSpec(*c) for c in item["columns"])
-        table = TableName(*item["table"])
-        made[table] = TableSpec(table, columns, tuple(item["key"]), item["identity"])
+    made = {spec.table: spec for spec in map(spec_of_json, json.loads(text))}
     return tuple(made.get(spec.table, spec) for spec in specs)
 
 
-def _spec_json(spec: TableSpec) -> dict[str, Any]:
+def pinned_tables(state: StateFolder | None) -> frozenset[TableName] | None:
+    """The tables whose specs ``state`` keeps (those of the first start), ``None`` before one."""
+    text = None if state is None else state.read_text(TABLES)
+    return None if text is None else frozenset(spec_of_json(item).table for item in json.loads(text))
+
+
+def spec_of_json(item: dict[str, Any]) -> TableSpec:
+    """A spec as :func:`spec_json` wrote it."""
+    table = TableName(*item["table"])
+    columns = tuple(ColumnSpec(*c) for c in item["columns"])
+    return TableSpec(table, columns, tuple(item["key"]), item["identity"])
+
+
+def spec_json(spec: TableSpec) -> dict[str, Any]:
+    """A spec as kept in the state folder (``tables.json``, a joined table's manifest)."""
     return {
         "table": [spec.table.schema, spec.table.name],
         "columns": [[c.name, c.type_oid, c.typmod] for c in spec.columns],

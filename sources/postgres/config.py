@@ -1,7 +1,8 @@
 """Options of the Postgres source, checked before the server is contacted.
 
 ``dsn`` (a libpq connection string; its password is never logged), ``tables`` (``schema.table``
-names; a bare name is in ``public``), ``envelope`` (``upsert``, the default: each output mirrors
+names; a bare name is in ``public``; ``"*"``: every table of the publication, also those that
+join it later, see :mod:`~reclock.sources.postgres.joining`), ``envelope`` (``upsert``, the default: each output mirrors
 its table by primary key; ``append``: one change row per insert, update, delete or truncate),
 ``slot`` and ``publication`` (default ``reclock_<pipeline>``: one of each per pipeline),
 ``snapshot`` (take the initial copy of the tables, default true), ``snapshot_chunk_pages`` (the
@@ -18,9 +19,11 @@ from typing import Literal
 
 from reclock.errors import ConfigError
 
-__all__ = ["ENVELOPES", "PostgresOptions", "TableName", "output_name", "slot_name"]
+__all__ = ["ENVELOPES", "WHOLE_PUBLICATION", "PostgresOptions", "TableName", "output_name", "slot_name"]
 
 ENVELOPES = ("upsert", "append")
+#: A ``tables`` entry that names every table of the publication, those joining it later too.
+WHOLE_PUBLICATION = "*"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -72,6 +75,8 @@ class PostgresOptions:
     snapshot_chunk_pages: int
     read_timeout_s: float
     feedback_interval_s: float
+    #: ``tables`` held ``"*"``: every table the publication has, now or later, is an output.
+    whole_publication: bool = False
 
     @classmethod
     def check(
@@ -90,8 +95,11 @@ class PostgresOptions:
         if not isinstance(dsn, str) or not dsn.strip():
             raise ConfigError("dsn", "must be a libpq connection string ('host=... dbname=...')")
         if isinstance(tables, str) or not isinstance(tables, Sequence) or not tables:
-            raise ConfigError("tables", "must be a non-empty list of 'schema.table' names")
-        names = tuple(TableName.parse(t) for t in tables)
+            raise ConfigError(
+                "tables", "must be a non-empty list of 'schema.table' names (or '*': the whole publication)"
+            )
+        whole = WHOLE_PUBLICATION in tables
+        names = tuple(TableName.parse(t) for t in tables if t != WHOLE_PUBLICATION)
         if len(set(names)) != len(names):
             raise ConfigError("tables", "names a table twice")
         if envelope not in ENVELOPES:
@@ -120,4 +128,5 @@ class PostgresOptions:
             snapshot_chunk_pages,
             float(read_timeout_s),  # type: ignore[arg-type]
             float(feedback_interval_s),  # type: ignore[arg-type]
+            whole,
         )

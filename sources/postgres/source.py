@@ -21,6 +21,9 @@ chunks (:mod:`~reclock.sources.postgres.snapshot`).
 
 Outputs: one per table, named ``<schema>_<table>``; ``upsert`` by the replica identity's key
 (the primary key) or ``append`` change rows (see :mod:`~reclock.sources.postgres.changes`).
+A table the definition selects after the first start (``tables = ["*"]``: the publication's)
+joins: the probe copies it and it becomes an output at one binding
+(:mod:`~reclock.sources.postgres.joining`; the source :class:`~reclock.sources.base.GrowsOutputs`).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import (
+    GrowsOutputs,
+    JoinedOutput,
     Output,
     SourceBase,
     SourceContext,
@@ -43,15 +48,31 @@ from reclock.sources.base import (
     check_record_error_policy,
     run_in_order,
 )
-from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication, pinned
+from reclock.sources.postgres.catalog import (
+    TableSpec,
+    check_wal_level,
+    describe,
+    ensure_publication,
+    pinned,
+    pinned_tables,
+)
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
-from reclock.sources.postgres.config import PostgresOptions, slot_name
+from reclock.sources.postgres.config import PostgresOptions, TableName, slot_name
+from reclock.sources.postgres.joining import (
+    Joined,
+    JoinedBatches,
+    JoinedChunkSplit,
+    capture_join,
+    load_joins,
+    published,
+    read_joined_chunk,
+)
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
 from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
 from reclock.sources.postgres.state import StateFolder
 from reclock.sources.postgres.stream import read_range
-from reclock.timeline.frontier import Frontier, encode_partition
+from reclock.timeline.frontier import Frontier, Partition, encode_partition
 
 __all__ = ["WAL", "ChunkSplit", "PostgresSource", "RangeSplit"]
 
@@ -74,7 +95,7 @@ class RangeSplit(Split):
     """The transactions committed in ``[start, end)``, read from the slot."""
 
 
-class PostgresSource(SourceBase):
+class PostgresSource(SourceBase, GrowsOutputs):
     """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
 
     #: Rows per Arrow batch a read yields (bounded memory per task).
@@ -117,15 +138,24 @@ class PostgresSource(SourceBase):
         self.state = StateFolder.at(state_dir) if isinstance(state_dir, str) else state_dir
         self._run: TaskRunner = run_in_order
         self.on_record_error = check_record_error_policy(on_record_error)
+        kept = pinned_tables(self.state)
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
                 check_wal_level(cur)
                 now = describe(cur, self.options.tables, self.options.envelope)
                 ensure_publication(cur, self.options.publication, self.options.tables)
+                if self.options.whole_publication:  # the publication's other tables: at the first start
+                    listed = published(cur, self.options.publication) if kept is None else sorted(kept)
+                    now += describe(cur, [t for t in listed if t not in self.options.tables], self.options.envelope)
         finally:
             conn.close()
-        self.specs: tuple[TableSpec, ...] = pinned(self.state, now)
+        made = pinned(self.state, now)
+        #: The initial tables: those of the first start (their rows in the slot's snapshot).
+        self.specs: tuple[TableSpec, ...] = tuple(s for s in made if kept is None or s.table in kept)
+        #: Tables joined since (manifest written), and those an explicit list names that must join.
+        self.joins: tuple[Joined, ...] = load_joins(self.state)
+        self._named_later = tuple(s.table for s in made if kept is not None and s.table not in kept)
         self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
 
@@ -154,6 +184,11 @@ class PostgresSource(SourceBase):
     def outputs(self) -> Sequence[Output]:
         return [spec.as_output(self.options.envelope) for spec in self.specs]
 
+    def joined_outputs(self) -> Sequence[JoinedOutput]:
+        """The tables joined so far, each an output born at its copy's partition
+        (:mod:`~reclock.sources.postgres.joining`)."""
+        return [JoinedOutput(j.spec.as_output(self.options.envelope), j.partition) for j in self.joins]
+
     def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
         """Columns added to these outputs' tables go on as unknown fields (``schema_evolution``)."""
         known = {spec.output for spec in self.specs}
@@ -163,8 +198,19 @@ class PostgresSource(SourceBase):
         self._unknown = frozenset(outputs)
 
     def upper(self) -> Frontier:
-        """The server's WAL flush position; the first call captures the snapshot if none is."""
+        """The server's WAL flush position; the first call captures the snapshot if none is, and
+        every call copies the tables that joined the publication since the last
+        (:mod:`~reclock.sources.postgres.joining`): each one's copy is a partition of its own,
+        reported with a WAL upper past its consistent point (the flush position is read after it)."""
         manifest = self._captured()
+        conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
+        try:
+            with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
+                joining = self._joining(cur)
+        finally:
+            conn.close()
+        for table in joining:
+            self._join(table)
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
@@ -172,7 +218,8 @@ class PostgresSource(SourceBase):
                 flushed = parse_lsn(cur.fetchone()[0])
         finally:
             conn.close()
-        return Frontier({WAL: max(flushed, manifest.consistent_lsn)})
+        wal = max(flushed, manifest.consistent_lsn, *(j.consistent_lsn for j in self.joins))
+        return Frontier({WAL: wal, **{j.partition: len(j.chunks) for j in self.joins}})
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
         """Never cut: a binding takes the whole probe. Offsets are WAL bytes, not records, and a
@@ -190,6 +237,13 @@ class PostgresSource(SourceBase):
             for i, chunk in enumerate(manifest.chunks)
             if start <= i < end
         ]
+        for joined in self.joins:
+            low, high = lower.offset(joined.partition), upper.offset(joined.partition)
+            out += [
+                JoinedChunkSplit(joined.partition, i, i + 1, chunk, joined.consistent_lsn)
+                for i, chunk in enumerate(joined.chunks)
+                if low <= i < high
+            ]
         begin = max(start, manifest.consistent_lsn)
         if begin < end:
             out.append(RangeSplit(WAL, begin, end))
@@ -197,14 +251,11 @@ class PostgresSource(SourceBase):
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The rows of a chunk, or the changes of a range; the same for the same split."""
-        batches = ChangeBatches(
-            self.specs,
-            self.options.envelope,
-            encode_partition(WAL),
-            flush_rows=self.flush_rows,
-            fail=self.on_record_error == "fail",
-            unknown=self._unknown,
-        )
+        if isinstance(split, JoinedChunkSplit):
+            assert self.state is not None, "a table joins only once the snapshot is captured"
+            yield from read_joined_chunk(self.state, split, self._batches(split.partition))
+            return
+        batches = self._batches(WAL, split.start)
         if isinstance(split, ChunkSplit):
             assert split.chunk is not None
             yield from self._read_chunk(split, split.chunk, batches)
@@ -213,7 +264,7 @@ class PostgresSource(SourceBase):
             self.options.dsn,
             self.options.slot,
             self.options.publication,
-            self.specs,
+            self._read_specs,
             batches,
             split.start,
             split.end,
@@ -275,6 +326,55 @@ class PostgresSource(SourceBase):
         return f"PostgresSource(tables={tables!r}, slot={self.options.slot!r}, envelope={self.options.envelope!r})"
 
     # -- internals ------------------------------------------------------------------------------
+
+    @property
+    def _read_specs(self) -> tuple[TableSpec, ...]:
+        """The tables a reader reads: the initial ones and those joined."""
+        return (*self.specs, *(j.spec for j in self.joins))
+
+    def _batches(self, partition: Partition, start: int = 0) -> ChangeBatches:
+        """A reader's batches of ``partition`` from offset ``start``; a joined table's changes
+        below its copy are dropped (only a range starting below a copy's point can hold such)."""
+        return JoinedBatches(
+            self._read_specs,
+            self.options.envelope,
+            encode_partition(partition),
+            joined_at={j.spec.output: j.consistent_lsn for j in self.joins if j.consistent_lsn > start},
+            flush_rows=self.flush_rows,
+            fail=self.on_record_error == "fail",
+            unknown=self._unknown,
+        )
+
+    def _joining(self, cur: Any) -> list[TableName]:
+        """The tables the definition selects now that are neither initial nor joined yet."""
+        have = {s.table for s in self._read_specs}
+        selected = list(self._named_later)
+        if self.options.whole_publication:
+            selected += published(cur, self.options.publication)
+        return sorted({t for t in selected if t not in have})
+
+    def _join(self, table: TableName) -> None:
+        """Copy a joining table (:func:`~reclock.sources.postgres.joining.capture_join`); it is
+        read from now on, its changes below the copy dropped."""
+        assert self.state is not None, "tables join only once the snapshot is captured, in the state folder"
+        joined = capture_join(
+            self.options.dsn,
+            self.options.slot,
+            self.options.publication,
+            self.options.envelope,
+            table,
+            self.state,
+            chunk_pages=self.options.snapshot_chunk_pages,
+            run=self._run,
+        )
+        self.joins = (*self.joins, joined)
+        log.info(
+            "table %s joined the publication: %d rows copied at LSN %s, output %s",
+            table.qualified,
+            sum(c.rows for c in joined.chunks),
+            lsn_text(joined.consistent_lsn),
+            joined.spec.output,
+        )
 
     def _captured(self) -> Manifest:
         """The slot and the snapshot's manifest, captured on first need (by the driver and its tasks)."""

@@ -1,0 +1,228 @@
+"""Tables that join the publication while the pipeline runs: found by the probe, copied at their
+own consistent point, and born as outputs at one binding, while the other tables go on.
+
+**Which tables join.** A definition selects its explicit ``tables`` and, with ``"*"`` among them,
+every table of the publication. The tables it selected at its first start are its *initial*
+tables (their specs pinned in ``tables.json``, their rows in the slot's snapshot). Any table
+selected later (``ALTER PUBLICATION ... ADD TABLE`` or ``CREATE TABLE`` under a ``FOR ALL
+TABLES`` publication, with ``"*"``; a name added to an explicit list at a restart) *joins*.
+
+**Its copy, at its own consistent point ``C``.** The publication sends a table's changes from the
+commit of the ``ALTER PUBLICATION`` (``J``) on, and its rows before ``J`` are in no WAL the slot
+sends. The pipeline's slot cannot export a snapshot after its creation, so the driver's probe
+creates a **temporary** slot with ``EXPORT_SNAPSHOT``: its snapshot sees exactly the transactions
+whose commit LSN is below ``C``, and those at or after ``C`` are streamed by the pipeline's slot
+(``C`` is after ``J``). The table is cut into chunks copied by the pipeline's tasks with the
+initial snapshot's machinery (:func:`~reclock.sources.postgres.snapshot.copy_chunk`), and the
+manifest ``joins/<output>.json`` (the table's spec as described then, ``C``, the chunks) is
+written **last**. The temporary slot goes with its connection, also when the process dies. A
+crash before the manifest bound nothing: the next probe copies again at a new ``C`` (the files of
+the dead attempt are deleted first; a late task of it writes a file no manifest names).
+
+**The stream below ``C`` is skipped.** The snapshot holds every change of the table committed
+below ``C``; the reader drops them (:class:`JoinedBatches`), and keeps those at or after ``C``.
+This is exact because the output holds nothing before the binding it is born at (below).
+
+**Bound at one binding.** The chunks are partition ``snapshot:<schema.table>``, offsets the chunk
+indexes. The probe reports it only once its manifest is written, and in the same frontier as a
+WAL upper at or past ``C``, so the first binding that holds the partition holds the whole copy and
+every change of the table from ``C`` to that WAL upper, at one into time ``T_join``. Every earlier
+binding's WAL upper was probed before the temporary slot existed, so it is at most ``C``: no
+change of the table is bound before ``T_join``. In an upsert output's MERGE the copy's records
+(offsets: chunk indexes) sort before the stream's (offsets: commit LSNs, above ``C``).
+
+**Born at ``T_join``.** The source reports the table as a
+:class:`~reclock.sources.base.JoinedOutput` of that partition (:class:`~reclock.sources.base.GrowsOutputs`);
+the runtime gives it a sink with an empty version labelled ``T_join - 1`` before the batch that
+holds ``T_join``, so its upper never holds the resume frontier back, and a read as of a time
+before ``T_join`` finds it empty. The manifest pins the table's spec: a restart reads it back, so
+the output's columns and the replay of its WAL stay the first ones (``tables.json`` stays the
+initial tables', written at the first start).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from reclock.errors import ConfigError, DefiniteSourceError
+from reclock.sources.base import Split, TaskRunner
+from reclock.sources.postgres.catalog import TableSpec, describe, spec_json, spec_of_json
+from reclock.sources.postgres.changes import Change, ChangeBatches
+from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
+from reclock.sources.postgres.config import TableName
+from reclock.sources.postgres.pgoutput import parse_lsn
+from reclock.sources.postgres.snapshot import CHUNKS, CaptureFailed, Chunk, _plan, copy_chunk, read_chunk
+from reclock.sources.postgres.state import StateFolder
+
+__all__ = [
+    "JOINS",
+    "Joined",
+    "JoinedBatches",
+    "JoinedChunkSplit",
+    "capture_join",
+    "load_joins",
+    "published",
+    "read_joined_chunk",
+    "snapshot_partition",
+]
+
+#: The folder of the joined tables' manifests, one ``<output>.json`` each.
+JOINS = "joins"
+_ATTEMPT = "join"
+
+
+def snapshot_partition(table: TableName) -> str:
+    """The partition of a joined table's copy: ``snapshot:<schema.table>``, offsets chunk indexes."""
+    return f"snapshot:{table.qualified}"
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A table that joined: its spec when it was copied, the copy's consistent point, its chunks."""
+
+    spec: TableSpec
+    consistent_lsn: int
+    chunks: tuple[Chunk, ...]
+
+    @property
+    def partition(self) -> str:
+        return snapshot_partition(self.spec.table)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "spec": spec_json(self.spec),
+                "consistent_lsn": self.consistent_lsn,
+                "chunks": [[c.output, c.file, c.rows] for c in self.chunks],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Joined:
+        data = json.loads(text)
+        return cls(spec_of_json(data["spec"]), data["consistent_lsn"], tuple(Chunk(*c) for c in data["chunks"]))
+
+
+@dataclass(frozen=True)
+class JoinedChunkSplit(Split):
+    """Chunk ``start`` of a joined table's copy (partition :func:`snapshot_partition`)."""
+
+    chunk: Chunk | None = None
+    consistent_lsn: int = 0
+
+
+def load_joins(state: StateFolder | None) -> tuple[Joined, ...]:
+    """The joined tables whose manifest is written, in the order they joined."""
+    if state is None:
+        return ()
+    joins = []
+    for name in state.files(JOINS):
+        text = state.read_text(f"{JOINS}/{name}") if name.endswith(".json") else None
+        if text is not None:
+            joins.append(Joined.from_json(text))
+    return tuple(sorted(joins, key=lambda j: (j.consistent_lsn, j.spec.table)))
+
+
+def published(cursor: Any, publication: str) -> list[TableName]:
+    """The tables ``publication`` publishes now (a ``FOR ALL TABLES`` one: every table), sorted."""
+    cursor.execute("SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (publication,))
+    return sorted(TableName(s, n) for s, n in cursor.fetchall())
+
+
+def capture_join(
+    dsn: str,
+    slot: str,
+    publication: str,
+    envelope: str,
+    table: TableName,
+    state: StateFolder,
+    *,
+    chunk_pages: int,
+    run: TaskRunner,
+) -> Joined:
+    """Copy ``table`` at the consistent point of a temporary slot by ``run``'s tasks; its manifest
+    once every chunk is written (see the module docstring). Called by the driver's probe."""
+    output = f"-{table.schema}_{table.name}.parquet"
+    # Step 1: the files of an attempt that died before its manifest go.
+    for name in state.files(CHUNKS):
+        if name.startswith(f"{_ATTEMPT}-") and name.endswith(output):
+            state.delete(f"{CHUNKS}/{name}")
+    with server_errors(slot, publication):
+        # Step 2: the table as it is now: the output is made for this spec, pinned in the manifest.
+        plain = connect(dsn)
+        try:
+            with plain.cursor() as cur:
+                try:
+                    (spec,) = describe(cur, [table], envelope)
+                except ConfigError as exc:
+                    raise DefiniteSourceError(f"table {table.qualified} joined the publication: {exc.reason}") from None
+        finally:
+            plain.close()
+        # Step 3: a temporary slot exports the snapshot at C; its connection stays open (and runs
+        # nothing else) until every task joined the snapshot, then the slot goes with it.
+        exporting = connect(dsn, replication=True)
+        try:
+            with exporting.cursor() as cur:
+                temporary = f"{slot[:40]}_join_{secrets.token_hex(4)}"
+                cur.execute(f"CREATE_REPLICATION_SLOT {temporary} TEMPORARY LOGICAL pgoutput EXPORT_SNAPSHOT")
+                _, consistent_point, snapshot_name, _ = cur.fetchone()
+            consistent = parse_lsn(consistent_point)
+            attempt = f"{_ATTEMPT}-{consistent:016X}"
+            tasks = _plan(dsn, slot, publication, snapshot_name, attempt, [spec], state, chunk_pages)
+            # Step 4: the chunks, copied by tasks.
+            done = run(copy_chunk, tasks)
+        finally:
+            exporting.close()
+    chunks = []
+    for result in done:
+        if isinstance(result, CaptureFailed):
+            kind = PostgresUnavailable if result.transient else DefiniteSourceError
+            raise kind(f"the copy of joining table {table.qualified} failed, it starts over: {result.message}")
+        chunks.append(result)
+    assert chunks, "a table's copy has at least one chunk (possibly empty): its partition must be bound"
+    # Step 5: the manifest, last and whole.
+    joined = Joined(spec, consistent, tuple(chunks))
+    state.write_bytes(f"{JOINS}/{spec.output}.json", joined.to_json().encode())
+    return joined
+
+
+class JoinedBatches(ChangeBatches):
+    """:class:`ChangeBatches` that drops each joined table's changes committed below its copy's
+    consistent point (``joined_at``: output -> ``C``): the copy holds them."""
+
+    def __init__(
+        self, specs: Sequence[TableSpec], envelope: str, partition: str, *, joined_at: Mapping[str, int], **options: Any
+    ) -> None:
+        super().__init__(specs, envelope, partition, **options)
+        self.joined_at = dict(joined_at)
+
+    def takes_columns(self, output: str) -> bool:
+        """Not a table whose changes may need dropping: :meth:`transaction` drops them, by the
+        commit LSN of each (a range starting at or past every copy's point has none such)."""
+        return output not in self.joined_at and super().takes_columns(output)
+
+    def transaction(
+        self, offset: int, lsn: int, xid: int | None, changes: Sequence[tuple[str, Change]]
+    ) -> Iterator[tuple[str, pa.RecordBatch]]:
+        if self.joined_at:
+            changes = [(output, change) for output, change in changes if self.joined_at.get(output, 0) <= lsn]
+        yield from super().transaction(offset, lsn, xid, changes)
+
+
+def read_joined_chunk(
+    state: StateFolder, split: JoinedChunkSplit, batches: ChangeBatches
+) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The rows of one chunk of a joined table's copy, at offset ``split.start`` of its partition
+    (``batches`` carries that partition), their commit LSN the copy's consistent point."""
+    assert split.chunk is not None
+    rows = read_chunk(state, split.chunk)
+    columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
+    changes = [(split.chunk.output, Change("r", None, row)) for row in zip(*columns, strict=True)]
+    yield from batches.transaction(split.start, split.consistent_lsn, None, changes)
+    yield from batches.finish()
