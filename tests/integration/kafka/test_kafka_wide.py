@@ -106,8 +106,9 @@ def test_a_probe_is_one_metadata_request_for_its_own_topics_and_one_fetch(broker
     """A probe made a fresh consumer (its bootstrap: a connection, API versions, metadata), asked
     for the metadata of every topic of the cluster (10,000-partition topics of other pipelines
     included, parsed in Python) after waiting out the client's retry backoff, and asked
-    ``ListOffsets`` for a hint the capped fetch no longer needs. Counted on kafka-python's
-    connections, by request: the first probe and the next one alike."""
+    ``ListOffsets`` for a hint the capped fetch no longer needs; and a later probe, asking at the
+    known ends, let the broker wait 100 ms for records. Counted on kafka-python's connections,
+    by request: the first probe and the next one alike."""
     from kafka.net.connection import KafkaConnection
 
     name = topic(partitions=50)
@@ -135,6 +136,8 @@ def test_a_probe_is_one_metadata_request_for_its_own_topics_and_one_fetch(broker
             assert kinds == {"Metadata": 1, "Fetch": 1}, kinds
             (asked,) = [r for r in sent if type(r).__name__ == "MetadataRequest"]
             assert [t.name for t in asked.topics] == [name]
+            (fetch,) = [r for r in sent if type(r).__name__ == "FetchRequest"]
+            assert fetch.max_wait_ms == 0  # nothing new must not make the broker wait for records
         assert {p: upper.offset(p) for p in expected} == expected
     finally:
         source.close()
