@@ -423,9 +423,9 @@ def ends(
     all of it. Without the cap, the first probe of a 1,000-partition topic read the whole topic
     (0.73 s of Tansu's time against 0.01 s with it).
 
-    The broker is asked not to wait (``max_wait_ms`` 0): asked at their known ends, partitions
-    with nothing new made every later probe wait out the reader's 100 ms for records it never
-    wanted."""
+    The broker is asked to wait at most 1 ms for records: asked at their known ends, partitions
+    with nothing new made every later probe wait out the reader's 100 ms (``max_wait_ms``) for
+    records it never wanted. Not 0: Tansu answers ``max_wait_ms`` 0 with no partitions at all."""
     from kafka import TopicPartition
 
     cluster = client._client.cluster
@@ -440,7 +440,7 @@ def ends(
     futures = [
         manager.call_soon(
             lambda asks=asks, leader=leader: manager.send(
-                fetch_request(asks, read_committed=read_committed, max_bytes=1, max_wait_ms=0), node_id=leader
+                fetch_request(asks, read_committed=read_committed, max_bytes=1, max_wait_ms=1), node_id=leader
             )
         )
         for leader, asks in by_leader.items()

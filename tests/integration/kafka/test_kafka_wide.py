@@ -137,7 +137,7 @@ def test_a_probe_is_one_metadata_request_for_its_own_topics_and_one_fetch(broker
             (asked,) = [r for r in sent if type(r).__name__ == "MetadataRequest"]
             assert [t.name for t in asked.topics] == [name]
             (fetch,) = [r for r in sent if type(r).__name__ == "FetchRequest"]
-            assert fetch.max_wait_ms == 0  # nothing new must not make the broker wait for records
+            assert fetch.max_wait_ms <= 1  # nothing new must not make the broker wait for records
         assert {p: upper.offset(p) for p in expected} == expected
     finally:
         source.close()
