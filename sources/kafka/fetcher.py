@@ -5,12 +5,15 @@ Reading through ``KafkaConsumer.poll`` cost a client, an assign, a seek and a fe
 (about 30 ms a partition, so 1,000 partitions took 31.7 s) and a Python object per record. Here
 a task's :class:`Fetcher` holds every split of the task at once:
 
-* the task's partitions are dealt round robin into ``lanes`` shares; one ``FetchRequest`` per
-  leader and lane asks for every partition of the share that the task still needs (up to
-  ``max_partition_bytes`` each), so a thousand small partitions cost a few round trips, and a
-  leader has up to ``lanes`` requests in flight from the task (pipelined on one connection): the
-  broker serves the next share while the last answer travels and is parsed. A partition is in
-  one lane only, so it is never asked twice at once and its records arrive in offset order;
+* the task's partitions are cut into shares of ``share_partitions`` (50), in reading order; one
+  ``FetchRequest`` per leader asks for every partition of a share that the task still needs (up
+  to ``max_partition_bytes`` each, the answer capped at ``response_bytes``, 1 MiB), and up to
+  ``fetches_in_flight`` (4) are in flight to a leader at once, pipelined on one connection: the
+  share being read and the next ones, a window that slides as the reader moves on, so the
+  broker serves the next share while the last answer travels and is parsed. Several small
+  answers cost Tansu far less than one big one (0.24 s against 0.81 s for 500 partitions x 100
+  records, ``docs/design/20261127_wide_topics_in_flight.md``). A partition is in one share only,
+  so it is never asked twice at once and its records arrive in offset order;
 * the response's record bytes go to :func:`~reclock.sources.kafka.batches.parse` as they are: no
   per-record object, CRC-32C checked per batch;
 * with ``read_committed`` (the source's default) every request asks for it: the broker answers
