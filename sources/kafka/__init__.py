@@ -19,9 +19,9 @@ The stages, in the design's words, one module each:
 * **split** (:mod:`~reclock.sources.kafka.splits`, :meth:`KafkaSource.splits`, driver): ``[max(lower,
   start position), upper)`` per partition, cut at ``max_split_offsets``; offsets lost to retention.
 * **fetch** (:mod:`~reclock.sources.kafka.fetcher`, Spark task): every partition of a task's splits in
-  shared fetch requests, on a client pooled per process; record batches parsed into columns by
-  :mod:`~reclock.sources.kafka.batches`, aborted transactions dropped by the protocol's rule
-  (:mod:`~reclock.sources.kafka.transactions`).
+  shared fetch requests, several in flight per leader, on a client pooled per process; record
+  batches parsed into columns by :mod:`~reclock.sources.kafka.batches`, aborted transactions
+  dropped by the protocol's rule (:mod:`~reclock.sources.kafka.transactions`).
 * **read** (:mod:`~reclock.sources.kafka.reader`, :meth:`KafkaSource.read_group`, Spark task): exactly
   ``[start, end)`` of each split, a route's records pending across partitions and shaped
   (:mod:`~reclock.sources.kafka.decoding`) into output and errors batches of at most

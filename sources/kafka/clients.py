@@ -9,9 +9,10 @@ The settings are never logged or shown in ``repr``.
 
 Which client serves what, and why:
 
-* each **probe** gets a fresh consumer: kafka-python keeps buffered and in-flight fetch
-  responses across ``unsubscribe``/``assign``, so a reused one can answer with an earlier
-  probe's high watermark;
+* a **probe** asks its metadata and its capped fetch on a pooled read client (below), and gets a
+  fresh consumer only for the partitions that fetch leaves unanswered, which it polls:
+  kafka-python keeps buffered and in-flight fetch responses across ``unsubscribe``/``assign``,
+  so a reused one can answer with an earlier probe's high watermark;
 * **reads** borrow a client from a per-process pool (:func:`~reclock.sources.kafka.fetcher.lease`): the
   fetcher sends its own fetch requests on the client's connections and never assigns it, so
   nothing of an earlier read can leak into a later one;
@@ -151,8 +152,8 @@ class KafkaClients:
         return (servers, tuple(sorted((k, repr(v)) for k, v in self.settings.items())))
 
     def for_probe(self) -> Any:
-        """A consumer for one probe: creating one costs a few ms, the bootstrap rides on the
-        metadata request every probe makes anyway."""
+        """A fresh consumer for what one probe's capped fetch leaves unanswered (and for the
+        driver's long-lived probe client)."""
         return self.consumer(
             deadline=None,
             auto_offset_reset="earliest",  # a last known end beyond the log resets, then answers

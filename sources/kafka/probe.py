@@ -8,8 +8,14 @@ transaction that has not ended and every transaction below it is decided. Never 
 ``ListOffsets(LATEST)`` is wrong on the Tansu test broker (it answers the last batch's base offset
 + 1), and ``ListOffsets`` with ``isolation_level = 1`` answers 0 there while any transaction is
 open (measured, see ``docs/design/20261125_kafka_read_committed.md``); the Fetch response's last
-stable offset is right on both. Every probe asks with a fresh consumer (see
-:mod:`reclock.sources.kafka.clients`) for each partition's last known end.
+stable offset is right on both.
+
+A probe is two round trips on a pooled read client (:func:`~reclock.sources.kafka.fetcher.lease`):
+one ``MetadataRequest`` naming the listed topics (every topic for a ``pattern``), then one
+fetch per leader, capped at one byte, at each partition's last known end (0 for a partition
+seen for the first time). Only partitions that fetch leaves unanswered cost more: a fresh
+consumer (see :mod:`reclock.sources.kafka.clients`) and their low watermarks or a poll
+(``docs/design/20261127_wide_topics_in_flight.md``).
 
 An open transaction holds the upper back. A partition whose last stable offset has stayed at
 one offset below its high watermark for ``open_transaction_warning_s`` is named by
@@ -41,7 +47,7 @@ from typing import Any
 from reclock.errors import DefiniteSourceError, describe
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
 from reclock.sources.kafka.config import Routing
-from reclock.sources.kafka.fetcher import ends, fetch_request, lease
+from reclock.sources.kafka.fetcher import ends, fetch_request, lease, metadata
 from reclock.sources.kafka.transactions import first_batch
 from reclock.timeline.frontier import Frontier
 
@@ -111,22 +117,22 @@ class Prober:
         from kafka import TopicPartition
 
         clients = self._clients
-        consumer = clients.for_probe()
+        fresh = _Fresh(clients)  # a fresh consumer, only for what the fetch cannot answer
         try:
             # Step 1: discover. A topic (or partition) that appears joins the frontier now.
-            partitions = self._discover(consumer)
+            partitions = self._discover()
             tps = [TopicPartition(t, p) for t, p in partitions]
             # Step 2: probe the fetch-response end of each partition.
-            answers = self._probe(consumer, tps)
+            answers = self._probe(fresh, tps)
             learned = {key: end for key, (end, _) in answers.items()}
             regressed = [tp for tp, hw in learned.items() if hw < self._known.get(tp, 0)]
             if regressed:  # confirm with a second probe (a fresh consumer) before calling it definite
-                again = clients.for_probe()
+                again = _Fresh(clients)
                 try:
                     again_answers = self._probe(again, [TopicPartition(t, p) for t, p in regressed])
                     learned.update({key: end for key, (end, _) in again_answers.items()})
                 finally:
-                    close_client(again)
+                    again.close()
                 regressed = [tp for tp in regressed if learned[tp] < self._known.get(tp, 0)]
             if regressed:
                 t, p = regressed[0]
@@ -148,7 +154,7 @@ class Prober:
                 raise SourceTimeout(f"kafka probe failed: {describe(exc)} ({clients.where()})") from exc
             raise
         finally:
-            close_client(consumer)
+            fresh.close()
         # Step 3: join into what we knew; the first probe also fixes start="latest".
         for key, hw in learned.items():
             if hw > self._known.get(key, 0):
@@ -209,13 +215,20 @@ class Prober:
                 self._timestamp_start[key] = hit.offset if hit is not None else self._known.get(key, 0)
         return {p: self._timestamp_start[p] for p in partitions if p in self._timestamp_start}
 
-    def _discover(self, consumer: Any) -> list[tuple[str, int]]:
-        # Always a metadata round trip. kafka-python gives it no timeout, and a metadata refresh
-        # that cannot reach a node retries until one answers, so bound the wait here.
+    def _discover(self) -> list[tuple[str, int]]:
+        """Every partition of the routed topics that exist: one metadata request, on a pooled
+        client (the one the fetch probe then uses, with the leaders just learned), for the
+        listed topics only, or for every topic when the source has a ``pattern``."""
         routing = self._routing
-        topics = bounded(
-            consumer.topics, self._clients.read_timeout_s, f"kafka metadata request ({self._clients.where()})"
-        )
+        timeout = self._clients.read_timeout_s
+        with lease(self._clients, time.monotonic() + timeout) as client:
+            # kafka-python's wait is bounded, the connection's is not always: bound it here.
+            found = bounded(
+                lambda: metadata(client, None if routing.pattern else list(routing.topics), timeout),
+                timeout,
+                f"kafka metadata request ({self._clients.where()})",
+            )
+        topics = found.keys()
         partitions: list[tuple[str, int]] = []
         present = set()
         for topic in sorted(topics):
@@ -227,7 +240,7 @@ class Prober:
                     log.warning("kafka topic %r matches the pattern but no output; ignored", topic)
                 continue
             present.add(topic)
-            for p in sorted(consumer.partitions_for_topic(topic) or ()):
+            for p in found[topic]:
                 partitions.append((topic, p))
         missing = [t for t in routing.topics if t not in present]
         gone = [t for t in missing if t in self._seen_topics]
@@ -242,44 +255,35 @@ class Prober:
         self._seen_topics |= present
         return partitions
 
-    def _probe(self, consumer: Any, tps: list[Any]) -> dict[tuple[str, int], tuple[int, int]]:
+    def _probe(self, fresh: _Fresh, tps: list[Any]) -> dict[tuple[str, int], tuple[int, int]]:
         """``(end, high watermark)`` per partition (those that answered in time).
 
         Each partition is fetched from its last known end, or for a partition seen for the first
-        time from ``end_offsets() - 1``: only a *hint* that keeps the fetch small (Tansu answers
-        the last batch's base offset + 1, Kafka the true end); the answer is what the fetch
-        response carries. First one raw fetch per leader on a pooled client
+        time from offset 0; the answer is what the fetch response carries. The fetch caps its
+        response at one byte (:func:`~reclock.sources.kafka.fetcher.ends`), so where it asks
+        costs the broker nothing (``end_offsets() - 1`` was asked as a hint before the cap, one
+        more round trip). First one raw fetch per leader on a pooled client
         (:meth:`_fetch_probe`). The partitions it leaves unanswered (no leader known to the
-        pooled client yet, an offset out of range) are polled through ``consumer``
-        (:meth:`_poll_probe`) when reading uncommitted; a consumer knows no last stable offset,
-        so when reading committed they are fetched again from their low watermark instead.
+        pooled client yet, an offset out of range: retention deleted offset 0) are polled
+        through a fresh consumer (:meth:`_poll_probe`) when reading uncommitted; a consumer knows
+        no last stable offset, so when reading committed they are fetched again from their low
+        watermark instead.
 
-        ``consumer`` must be fresh (see the module docstring), and this must never ``pause()`` a
+        The consumer must be fresh (see the module docstring), and this must never ``pause()`` a
         partition: kafka-python 3.0 parks the buffered fetch of a paused partition and, once another
         partition's drained fetch sits in line, never releases it, so the parked partition is never
         fetched again and the probe waits out its deadline.
         """
         if not tps:
             return {}
-        new = [tp for tp in tps if (tp.topic, tp.partition) not in self._known]
-        hints: dict[Any, int] = {}
-        if new:
-            try:
-                timeout_ms = int(self._clients.read_timeout_s * 1000)
-                hints = {tp: o for tp, o in consumer.end_offsets(new, timeout_ms=timeout_ms).items() if o}
-            except Exception as exc:  # only a hint: fetch from the start instead
-                log.debug("kafka end_offsets hint failed: %s", describe(exc))
-        positions = {}
-        for tp in tps:
-            known = self._known.get((tp.topic, tp.partition))
-            positions[tp] = known if known is not None else max(0, hints.get(tp, 0) - 1)
+        positions = {tp: self._known.get((tp.topic, tp.partition), 0) for tp in tps}
         answered = self._fetch_probe(positions)
         rest = [tp for tp in tps if (tp.topic, tp.partition) not in answered]
         if rest and self._clients.read_committed:
-            lows = low_watermarks(consumer, [(tp.topic, tp.partition) for tp in rest], self._clients)
+            lows = low_watermarks(fresh.get(), [(tp.topic, tp.partition) for tp in rest], self._clients)
             answered.update(self._fetch_probe({tp: lows.get((tp.topic, tp.partition), 0) for tp in rest}))
         elif rest:
-            answered.update({key: (hw, hw) for key, hw in self._poll_probe(consumer, rest, positions).items()})
+            answered.update({key: (hw, hw) for key, hw in self._poll_probe(fresh.get(), rest, positions).items()})
         return answered
 
     def _fetch_probe(self, positions: dict[Any, int]) -> dict[tuple[str, int], tuple[int, int]]:
@@ -391,3 +395,22 @@ def _topic_partition(partition: tuple[str, int]) -> Any:
     from kafka import TopicPartition
 
     return TopicPartition(*partition)
+
+
+class _Fresh:
+    """A fresh probe consumer (:meth:`KafkaClients.for_probe`), made on first use and closed
+    with :meth:`close`: most probes never need one."""
+
+    def __init__(self, clients: KafkaClients) -> None:
+        self._clients = clients
+        self._consumer: Any = None
+
+    def get(self) -> Any:
+        if self._consumer is None:
+            self._consumer = self._clients.for_probe()
+        return self._consumer
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            close_client(self._consumer)
+            self._consumer = None

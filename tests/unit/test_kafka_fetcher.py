@@ -18,10 +18,24 @@ def test_the_consumer_lends_its_connection_manager():
     assert "self._client = self.config['kafka_client']" in inspect.getsource(KafkaConsumer.__init__)
     assert KafkaConsumer.DEFAULT_CONFIG["kafka_client"] is KafkaNetClient
     assert "self._manager = KafkaConnectionManager" in inspect.getsource(KafkaNetClient.__init__)
-    for method in ("send", "run", "call_soon"):
+    for method in ("send", "run", "call_soon", "wait_for", "least_loaded_node"):
         assert callable(getattr(KafkaConnectionManager, method)), method
     assert inspect.iscoroutinefunction(ClusterMetadata.refresh_metadata)
     assert callable(ClusterMetadata.leader_for_partition)
+    assert callable(ClusterMetadata.update_metadata)  # the probe's own metadata request is applied with it
+
+
+def test_metadata_requests_name_their_topics_or_ask_for_all():
+    from kafka.protocol.metadata import MetadataRequest
+
+    assert MetadataRequest.ALL_TOPICS is None
+    request = MetadataRequest(
+        topics=[MetadataRequest.MetadataRequestTopic(name="t")],
+        allow_auto_topic_creation=False,
+        include_cluster_authorized_operations=False,
+        include_topic_authorized_operations=False,
+    )
+    assert request.topics[0].name == "t"
 
 
 def test_fetch_requests_are_built_by_field_name():
