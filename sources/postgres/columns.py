@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["SESSION_OPTIONS", "arrow_type", "typed_column"]
+__all__ = ["SESSION_OPTIONS", "arrow_type", "typed_column", "typed_texts"]
 
 #: libpq ``options`` every connection of the source uses, so text forms are the same everywhere.
 SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3 -c bytea_output=hex"
@@ -53,7 +53,11 @@ def arrow_type(type_oid: int, typmod: int) -> pa.DataType:
 def typed_column(texts: Sequence[str | None], kind: pa.DataType) -> tuple[pa.Array, list[int]]:
     """``texts`` as an array of ``kind``, and the positions whose text is not a value of it (null
     in the array). A value of a type kept as text never fails."""
-    raw = pa.array(texts, pa.string())
+    return typed_texts(pa.array(texts, pa.string()), kind)
+
+
+def typed_texts(raw: pa.Array, kind: pa.DataType) -> tuple[pa.Array, list[int]]:
+    """:func:`typed_column` of texts already in an Arrow string array (a snapshot chunk's column)."""
     if pa.types.is_string(kind):
         return raw, []
     try:
@@ -62,7 +66,7 @@ def typed_column(texts: Sequence[str | None], kind: pa.DataType) -> tuple[pa.Arr
         pass
     values: list[object] = []
     bad: list[int] = []
-    for i, text in enumerate(texts):
+    for i, text in enumerate(raw.to_pylist()):
         try:
             values.append(None if text is None else _cast(pa.array([text], pa.string()), kind)[0].as_py())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):

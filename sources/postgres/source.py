@@ -44,7 +44,8 @@ from reclock.sources.base import (
     run_in_order,
 )
 from reclock.sources.postgres.catalog import TableSpec, check_wal_level, describe, ensure_publication, pinned
-from reclock.sources.postgres.changes import Change, ChangeBatches
+from reclock.sources.postgres.changes import ChangeBatches
+from reclock.sources.postgres.chunks import chunk_batches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
 from reclock.sources.postgres.config import PostgresOptions, slot_name
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
@@ -197,6 +198,10 @@ class PostgresSource(SourceBase):
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The rows of a chunk, or the changes of a range; the same for the same split."""
+        if isinstance(split, ChunkSplit):
+            assert split.chunk is not None
+            yield from self._read_chunk(split, split.chunk)
+            return
         batches = ChangeBatches(
             self.specs,
             self.options.envelope,
@@ -205,10 +210,6 @@ class PostgresSource(SourceBase):
             fail=self.on_record_error == "fail",
             unknown=self._unknown,
         )
-        if isinstance(split, ChunkSplit):
-            assert split.chunk is not None
-            yield from self._read_chunk(split, split.chunk, batches)
-            return
         yield from read_range(
             self.options.dsn,
             self.options.slot,
@@ -221,15 +222,21 @@ class PostgresSource(SourceBase):
             feedback_interval_s=self.options.feedback_interval_s,
         )
 
-    def _read_chunk(
-        self, split: ChunkSplit, chunk: Chunk, batches: ChangeBatches
-    ) -> Iterator[tuple[str, pa.RecordBatch]]:
+    def _read_chunk(self, split: ChunkSplit, chunk: Chunk) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """A chunk's rows, typed column by column (:mod:`~reclock.sources.postgres.chunks`): the
+        rows the stream's path gives for them as one transaction at the chunk's offset."""
         assert self.state is not None, "a chunk split is made only once the snapshot is captured"
-        rows = read_chunk(self.state, chunk)
-        columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
-        changes = [(chunk.output, Change("r", None, row)) for row in zip(*columns, strict=True)]
-        yield from batches.transaction(split.start, split.consistent_lsn, None, changes)
-        yield from batches.finish()
+        spec = next(spec for spec in self.specs if spec.output == chunk.output)
+        yield from chunk_batches(
+            read_chunk(self.state, chunk),
+            spec,
+            self.options.envelope,
+            encode_partition(WAL),
+            split.start,
+            split.consistent_lsn,
+            fail=self.on_record_error == "fail",
+            unknown=self._unknown,
+        )
 
     def commit(self, frontier: Frontier) -> None:
         """Confirm the slot up to the resume frontier (advisory: a failure is logged, and the
