@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import (
+    DistinctInserts,
     Output,
     SourceBase,
     SourceContext,
@@ -75,7 +76,7 @@ class RangeSplit(Split):
     """The transactions committed in ``[start, end)``, read from the slot."""
 
 
-class PostgresSource(SourceBase):
+class PostgresSource(SourceBase, DistinctInserts):
     """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
 
     #: Rows per Arrow batch a read yields (bounded memory per task).
@@ -127,6 +128,10 @@ class PostgresSource(SourceBase):
         finally:
             conn.close()
         self.specs: tuple[TableSpec, ...] = pinned(self.state, now)
+        #: Outputs whose key is their table's unique key now, as when they were made.
+        self._unique = frozenset(
+            spec.output for spec, live in zip(self.specs, now, strict=True) if spec.key == live.key
+        )
         self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
 
@@ -176,12 +181,34 @@ class PostgresSource(SourceBase):
         return Frontier({WAL: max(flushed, manifest.consistent_lsn)})
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
-        """Never cut: a binding takes the whole probe. Offsets are WAL bytes, not records, and a
-        range is read from the slot whole anyway; ``max_batch`` still bounds how many bindings a
-        catch-up batch groups (``max_batch = 1``: one batch per binding, so that every binding
-        time is a cut of upsert outputs, see docs/sources/postgres.md). It also keeps the
-        snapshot whole, at one into time."""
+        """A binding takes the whole probe, except that the snapshot is bound alone: the first
+        binding's frontier is the slot's consistent point, so every chunk lands at one into time
+        (a cut of the database at that point) and the first batch holds nothing but chunks,
+        which :meth:`distinct_inserts` can promise are inserts of distinct keys. Otherwise never
+        cut: offsets are WAL bytes, not records, and a range is read from the slot whole anyway;
+        ``max_batch`` still bounds how many bindings a catch-up batch groups (``max_batch = 1``:
+        one batch per binding, so that every binding time is a cut of upsert outputs, see
+        docs/sources/postgres.md)."""
+        manifest = self._manifest
+        if manifest is not None and manifest.chunks:
+            consistent = manifest.consistent_lsn
+            if lower.offset(WAL) < consistent < upper.offset(WAL):
+                return Frontier({WAL: consistent})
         return upper
+
+    def distinct_inserts(self, splits: Sequence[Split]) -> frozenset[str]:
+        """:class:`~reclock.sources.base.DistinctInserts`: a batch of snapshot chunks only (the
+        first binding's, see :meth:`cap`) inserts each row of a table once, and an ``upsert``
+        output's key is its table's primary key or replica identity index, unique: its outputs,
+        if that key is still the one the outputs were made for (a key pinned at the first start
+        and since changed on the server promises nothing). A batch with a replication range
+        may update or delete any key: none."""
+        if self.options.envelope != "upsert" or not splits:
+            return frozenset()
+        chunks = [split.chunk for split in splits if isinstance(split, ChunkSplit) and split.chunk is not None]
+        if len(chunks) < len(splits):
+            return frozenset()
+        return frozenset(chunk.output for chunk in chunks) & self._unique
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         manifest = self._captured()
