@@ -1,15 +1,16 @@
 """A captured snapshot chunk as its output's Arrow batch, column by column.
 
-A chunk (:mod:`~reclock.sources.postgres.snapshot`) holds one table's rows as text columns,
-exactly the texts ``COPY`` sent. Landed, it must give the very rows and errors the stream's path
+A chunk (:mod:`~reclock.sources.postgres.snapshot`) holds one table's rows as ``COPY`` sent
+them, typed by its capture task when every value of it types (:func:`typed_chunk`), else as the
+texts themselves. Landed, it must give the very rows and errors the stream's path
 would give for the same rows as one transaction of ``r`` changes at the chunk's offset
 (:class:`~reclock.sources.postgres.changes.ChangeBatches`; a unit test pins the two equal), but
 none of that path's per-row work applies: a chunk has no update, no delete, no TOAST value left
 unsent and no column added since the output was made, and its keys are distinct (a snapshot holds
 a key once, and an ``upsert`` output's key is the table's primary key or replica identity index).
 So each text column is typed at once by the conversion the stream uses
-(:func:`~reclock.sources.postgres.columns.typed_texts`), and the envelope's columns are arrays
-made whole:
+(:func:`~reclock.sources.postgres.columns.typed_texts`), in the capture task or else here, and
+the envelope's columns are arrays made whole:
 
 * ``upsert``: ``_partition``, ``_offset`` (the chunk's index), the table's columns, ``_deleted``
   and ``_truncated`` (all false);
@@ -37,10 +38,25 @@ from reclock.sources.postgres.changes import DELETED, TRUNCATED
 from reclock.sources.postgres.columns import typed_texts
 from reclock.timeline.frontier import OFFSET, PARTITION, UNKNOWN_FIELDS
 
-__all__ = ["chunk_batches"]
+__all__ = ["chunk_batches", "typed_chunk"]
 
 #: A snapshot row's operation, as the stream's path names it (``Change.op``).
 READ = "r"
+
+
+def typed_chunk(rows: pa.Table, spec: TableSpec) -> pa.Table:
+    """What a capture task keeps of a chunk's text ``rows``: every column typed as its output's
+    (:func:`~reclock.sources.postgres.columns.typed_texts`) if every value of the chunk types,
+    else the texts as they are. A chunk with a bad value is typed when it is read, where the
+    bad value's row goes to ``_errors`` with every column's text, as the stream's path words it;
+    a typed chunk is smaller, and reads back without a cast."""
+    typed = []
+    for column, raw in zip(spec.columns, rows.columns, strict=True):
+        array, bad = typed_texts(raw.combine_chunks(), column.arrow)
+        if bad:
+            return rows
+        typed.append(array)
+    return pa.Table.from_arrays(typed, names=[c.name for c in spec.columns])
 
 
 def chunk_batches(
@@ -54,17 +70,21 @@ def chunk_batches(
     fail: bool = False,
     unknown: Collection[str] = (),
 ) -> Iterator[tuple[str, pa.RecordBatch]]:
-    """The ``(output, batch)`` pairs of chunk ``rows`` (text columns in ``spec``'s column order)
-    of ``spec``'s output, at source time ``offset``; ``lsn`` is the slot's consistent point. The
-    output's batch first, then its ``_errors`` rows if any value could not be typed."""
+    """The ``(output, batch)`` pairs of chunk ``rows`` (in ``spec``'s column order: typed as its
+    output's columns, or texts, see :func:`typed_chunk`) of ``spec``'s output, at source time
+    ``offset``; ``lsn`` is the slot's consistent point. The output's batch first, then its
+    ``_errors`` rows if any value could not be typed."""
     n = rows.num_rows
     texts = [rows.column(j).combine_chunks() for j in range(len(spec.columns))]
     typed: list[pa.Array] = []
     wrong: set[int] = set()
-    for column, raw in zip(spec.columns, texts, strict=True):
-        array, bad = typed_texts(raw.cast(pa.string()), column.arrow)
-        typed.append(array)
-        wrong.update(bad)
+    if all(array.type == column.arrow for array, column in zip(texts, spec.columns, strict=True)):
+        typed = texts  # typed by the capture, which types a chunk only if every value types
+    else:
+        for column, raw in zip(spec.columns, texts, strict=True):
+            array, bad = typed_texts(raw.cast(pa.string()), column.arrow)
+            typed.append(array)
+            wrong.update(bad)
     errors = _rejected(spec, texts, sorted(wrong), partition, offset, fail)
     keep = None
     if wrong:

@@ -2,12 +2,15 @@
 
 The oracle is :class:`~reclock.sources.postgres.changes.ChangeBatches` fed the chunk's rows as one
 transaction of ``r`` changes at the chunk's offset (what the source did before the columnar path):
-same output rows, same schema, same ``_errors`` rows, same ``fail``, for both envelopes.
+same output rows, same schema, same ``_errors`` rows, same ``fail``, for both envelopes, whether
+the chunk is read as its texts or as its capture task keeps it (typed if every value types, in a
+parquet file).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +18,7 @@ from hypothesis import strategies as st
 from reclock.sources.base import ERRORS, RecordError
 from reclock.sources.postgres.catalog import ColumnSpec, TableSpec
 from reclock.sources.postgres.changes import Change, ChangeBatches
-from reclock.sources.postgres.chunks import chunk_batches
+from reclock.sources.postgres.chunks import chunk_batches, typed_chunk
 from reclock.sources.postgres.config import TableName
 
 PARTITION = "wal"
@@ -83,6 +86,13 @@ def _columnar(chunk: pa.Table, envelope: str, *, fail: bool = False, unknown: tu
     return _tables(list(chunk_batches(chunk, SPEC, envelope, PARTITION, OFFSET, LSN, fail=fail, unknown=unknown)))
 
 
+def _captured(chunk: pa.Table) -> pa.Table:
+    """The chunk as its capture task keeps it: :func:`typed_chunk`, through a parquet file."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(typed_chunk(chunk, SPEC), sink)
+    return pq.read_table(pa.BufferReader(sink.getvalue()))
+
+
 def _tables(pairs: list[tuple[str, pa.RecordBatch]]) -> dict[str, pa.Table]:
     out: dict[str, list[pa.RecordBatch]] = {}
     for output, batch in pairs:
@@ -92,11 +102,11 @@ def _tables(pairs: list[tuple[str, pa.RecordBatch]]) -> dict[str, pa.Table]:
 
 def _assert_same(chunk: pa.Table, envelope: str, unknown: tuple[str, ...] = ()) -> dict[str, pa.Table]:
     want = _per_change(chunk, envelope, unknown=unknown)
-    got = _columnar(chunk, envelope, unknown=unknown)
-    assert got.keys() == want.keys() or (not chunk.num_rows and SPEC.output in got)
-    for output, table in want.items():
-        assert got[output].schema == table.schema, output
-        assert _rows(got[output]) == _rows(table), output
+    for got in (_columnar(chunk, envelope, unknown=unknown), _columnar(_captured(chunk), envelope, unknown=unknown)):
+        assert got.keys() == want.keys() or (not chunk.num_rows and SPEC.output in got)
+        for output, table in want.items():
+            assert got[output].schema == table.schema, output
+            assert _rows(got[output]) == _rows(table), output
     return got
 
 
@@ -117,6 +127,15 @@ def test_a_chunk_lands_as_the_per_change_path_lands_it(envelope, unknown):
     chunk = _chunk([[_value(j, i) for j in range(len(SPEC.columns))] for i in range(60)])
     got = _assert_same(chunk, envelope, unknown)
     assert 0 < got[ERRORS].num_rows < chunk.num_rows  # the bad values went to _errors, the rest landed
+
+
+def test_a_chunk_every_value_of_which_types_is_kept_typed_else_as_its_texts():
+    good = _chunk([[_value(j, i) if j in (0, 1) else GOOD[j][i % len(GOOD[j])] for j in range(10)] for i in range(9)])
+    assert [f.type for f in typed_chunk(good, SPEC).schema] == [c.arrow for c in SPEC.columns]
+    for envelope in ("upsert", "append"):
+        assert ERRORS not in _assert_same(good, envelope)
+    bad = _chunk([[_value(j, 4) for j in range(10)] for _ in range(1)])
+    assert typed_chunk(bad, SPEC).equals(bad)
 
 
 @settings(max_examples=60, deadline=None)
