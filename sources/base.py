@@ -355,7 +355,7 @@ def run_in_order(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
 @runtime_checkable
 class RunsTasks(Protocol):
     """Has driver work outside any batch worth spreading over the pipeline's tasks: the Postgres
-    source's snapshot capture, one task per chunk of a table.
+    source's snapshot capture, a table's chunks spread over the tasks.
 
     The pipeline hands the source its data plane's :data:`TaskRunner` once, before the first
     probe. A source must not pickle it (tasks get a copy of the source): it holds the plane.
