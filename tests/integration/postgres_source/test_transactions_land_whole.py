@@ -22,12 +22,12 @@ tables: a reader's keepalive confirms that, see docs/sources/postgres.md). A thi
 ``history`` (200,000 rows, only in the snapshot), makes the capture long; it ends with every row
 once.
 
-The first two kills land inside the snapshot's capture. The first by construction: before the
-job starts, the test puts a FIFO where the capture writes its manifest's temporary file, so the
-capture copies every chunk, closes the slot's exporting connection and then waits in ``open``
-for a reader that never comes; the test sees the slot created and no longer held
-(``pg_replication_slots``), the chunks written, no manifest, and kills then. The second at a
-random number of ``history``'s chunks.
+The first two kills land inside the snapshot's capture. The first once the test sees the slot
+created and not held (``pg_replication_slots``) and a chunk written, with no manifest yet (the
+capture copies about 120 chunks first). The FIFO the test puts where the manifest's temporary
+file once was no longer stops the capture (its temporary files have names of their own), so
+without the wait for a chunk the kill raced the first chunk and often landed before it. The
+second at a random number of ``history``'s chunks.
 
 The short lane kills 4 times; ``--long`` (scripts/test --long) 24 times.
 """
@@ -314,10 +314,13 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
             job = _start_job(lake, stderr)
             deadline = time.monotonic() + 120
             if kill == 0:
-                while not _slot_let_go(dsn, "reclock_bank"):
+                # The slot shows as let go as soon as it is created (its exporting connection
+                # keeps the snapshot, not the slot), 15-30 ms before the first chunk is written:
+                # wait for a chunk too, or the kill may land before the capture copied anything.
+                while not (_slot_let_go(dsn, "reclock_bank") and any(chunks.glob("*.parquet"))):
                     assert job.poll() is None, stderr.read_text()[-3000:]
                     assert time.monotonic() < deadline, "the capture never finished copying"
-                    time.sleep(0.05)
+                    time.sleep(0.01)
             elif kill == 1:  # at a random history chunk of this attempt (the first one left all of its own)
                 wanted = rng.randint(1, 40)
                 while not manifest.exists() and time.monotonic() < deadline:
