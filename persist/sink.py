@@ -173,7 +173,9 @@ class OutputSink:
 
     ``append`` outputs get the tasks' files added as they are. ``upsert`` and ``debezium`` outputs
     get them *staged* (in ``staging``, with a ``_deleted`` column), and the commit is one Delta
-    MERGE of the batch's latest record per key: a later binding wins, then a later offset.
+    MERGE of the batch's latest record per key: a later binding wins, then a later offset. A
+    batch of inserts of distinct keys into such an output that holds no row yet (a database's
+    initial snapshot, see :meth:`can_append`) is appended instead: the MERGE could only insert.
     """
 
     def __init__(
@@ -261,6 +263,21 @@ class OutputSink:
             ]
         )
 
+    def can_append(self) -> bool:
+        """Whether a batch whose records of this output are inserts of distinct keys (a source's
+        promise, :class:`~reclock.sources.base.DistinctInserts`) may be appended instead of
+        merged: the output MERGEs and its table has no data file, so the MERGE would find no key
+        to update or delete and insert every record. Its tasks then write the table's own files
+        (:attr:`path`, :attr:`schema`) and :meth:`commit` with ``append`` adds them; the commit
+        asks again, on the snapshot it commits on. Asked at a batch's planning, only for a batch
+        so promised (the table's newest snapshot is read: a sink's own commits leave its
+        snapshot behind)."""
+        if self.staging is None:
+            return False
+        with lake_io(f"reading output table {self.path.name}"):
+            self._table.update_incremental()
+        return _holds_no_rows(self._table)
+
     def refresh(self) -> IntoTime:
         """Catch up with the table's newest version and read the label there: after a conflict, a
         fault, or another driver; the label is read from the log if another writer moved it."""
@@ -276,9 +293,13 @@ class OutputSink:
         *,
         planned_upper: IntoTime | None = None,
         metadata: Mapping[str, str] | None = None,
+        append: bool = False,
     ) -> bool:
         """Add ``files`` in one commit labelled ``binding_ts``; ``False`` if that label is already in.
-        ``metadata`` goes into the commit's custom metadata beside ``reclock.into_ts``.
+        ``metadata`` goes into the commit's custom metadata beside ``reclock.into_ts``. ``append``:
+        the batch was planned on :meth:`can_append`, its files are the table's own, added as they
+        are instead of merged; if the table holds rows by now, they are discarded and
+        :class:`~reclock.errors.FencedError` says to plan again (a MERGE then).
 
         Called once per batch after every task finished; the files hold exactly the rows with
         ``planned_upper <= _into_ts <= binding_ts``, where ``planned_upper`` is the upper the tasks
@@ -294,14 +315,20 @@ class OutputSink:
         held = table.version()
         if current > binding_ts:
             self._upper = current
-            self._discard(files)
+            self._discard(files, append)
             return False
         if current != planned:
             self._upper = current
-            self._discard(files)
+            self._discard(files, append)
             raise FencedError(
                 f"output table {self.path} moved to upper {current} while a batch planned from {planned} ran: "
                 "another driver is writing this pipeline"
+            )
+        if append and not _holds_no_rows(table):
+            self._discard(files, append)
+            raise FencedError(
+                f"output table {self.path} holds rows now, and a batch planned to append to it as to an empty table "
+                "ran meanwhile: planned again, its rows are merged"
             )
         now_ms = wall_clock_ms()
         properties = CommitProperties(
@@ -310,27 +337,34 @@ class OutputSink:
         )
         try:
             with lake_io(f"committing batch {binding_ts} to output table {self.path.name}"):
-                self._write(table, files, properties, binding_ts, now_ms)
+                self._write(table, files, properties, binding_ts, now_ms, append)
         except CommitFailedError as exc:
-            self._discard(files)
+            self._discard(files, append)
             if self.refresh() > binding_ts:
                 return False
             raise FencedError(f"output table {self.path}: concurrent commit: {exc}") from exc
-        if self.staging is not None:
+        if self.staging is not None and not append:
             self._discard(files)
         self._label.wrote(held, binding_ts)
         self._upper = binding_ts + 1
         return True
 
     def _write(
-        self, table: DeltaTable, files: list[DataFile], properties: CommitProperties, binding_ts: IntoTime, now_ms: int
+        self,
+        table: DeltaTable,
+        files: list[DataFile],
+        properties: CommitProperties,
+        binding_ts: IntoTime,
+        now_ms: int,
+        append: bool,
     ) -> None:
-        """The one commit of a batch: a MERGE of staged files, or an append of the tasks' files.
+        """The one commit of a batch: a MERGE of staged files, or an append of the tasks' files
+        (an append output's, or a MERGE output's batch planned on :meth:`can_append`).
 
         A storage fault here leaves the files in place: the commit may even have landed before a
         post-commit step (a checkpoint) failed, and the retry's label check tells which.
         """
-        if self.staging is not None and files:
+        if self.staging is not None and files and not append:
             held = table.version()
             new = new_fields_of(files)
             self._merge(table, self.staging, files, properties, new)
@@ -341,7 +375,7 @@ class OutputSink:
                 self.schema = pa.schema([*self.schema, *(pa.field(name, pa.string()) for name in new)])
         elif any(f.new_fields for f in files):
             self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
-            self._discard(files)
+            self._discard(files, append)
         else:
             actions: list[AddAction | RemoveAction] = [
                 AddAction(f.path, f.size, dict(f.partition_values), now_ms, True, f.stats) for f in files
@@ -399,9 +433,16 @@ class OutputSink:
             merge = merge.when_not_matched_by_source_delete()
         merge.execute()
 
-    def _discard(self, files: list[DataFile]) -> None:
+    def _discard(self, files: list[DataFile], append: bool = False) -> None:
+        """Remove files no commit references: staged ones, or ``append``'s in the table's folder."""
+        root = self.path if append else self.write_root
         for f in files:
-            discard_data_file(self.write_root, f, self.store)
+            discard_data_file(root, f, self.store)
+
+
+def _holds_no_rows(table: DeltaTable) -> bool:
+    """The snapshot of ``table`` has no data file (so no row, no key)."""
+    return not table.file_uris()
 
 
 class _Label:

@@ -30,9 +30,9 @@ pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its 
 Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
 runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
 :class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks`,
-:class:`GrowsOutputs` and, for the class, :class:`TakesContext`. A source declares one by
-subclassing it (which also gives its defaults) or by having its members; any class may, a plugin
-as much as a built-in.
+:class:`GrowsOutputs`, :class:`DistinctInserts` and, for the class, :class:`TakesContext`. A
+source declares one by subclassing it (which also gives its defaults) or by having its members;
+any class may, a plugin as much as a built-in.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ __all__ = [
     "LINEAGE_FIELDS",
     "MAX_MESSAGE",
     "RECORD_ERROR_POLICIES",
+    "DistinctInserts",
     "Envelope",
     "FileStates",
     "GroupReads",
@@ -356,7 +357,7 @@ def run_in_order(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
 @runtime_checkable
 class RunsTasks(Protocol):
     """Has driver work outside any batch worth spreading over the pipeline's tasks: the Postgres
-    source's snapshot capture, one task per chunk of a table.
+    source's snapshot capture, a table's chunks spread over the tasks.
 
     The pipeline hands the source its data plane's :data:`TaskRunner` once, before the first
     probe. A source must not pickle it (tasks get a copy of the source): it holds the plane.
@@ -364,6 +365,25 @@ class RunsTasks(Protocol):
 
     def use_tasks(self, run: TaskRunner) -> None:
         """Run such work through ``run`` from now on (:func:`run_in_order` until called)."""
+        ...
+
+
+@runtime_checkable
+class DistinctInserts(Protocol):
+    """Some of its batches only insert, each key once: a database's initial snapshot.
+
+    An ``upsert`` or ``debezium`` output's commit is a MERGE, which looks every key of the batch
+    up in the table. When the table holds no row yet and the batch's records of the output are
+    inserts of distinct keys, the MERGE can only insert them all: the runtime then has the tasks
+    write them as the table's own files and appends those in the batch's one labelled commit
+    (:meth:`~reclock.persist.sink.OutputSink.commit`), the same rows for a fraction of the work.
+    """
+
+    def distinct_inserts(self, splits: Sequence[Split]) -> frozenset[str]:
+        """The outputs whose records in ``splits``, all together, are inserts (never a delete, a
+        truncate or a record of only nulls), no two of one key. Called on the driver with every
+        split of a batch; a promise about what :meth:`Source.read` yields, so when in doubt an
+        output is left out (its batch is then merged, as always)."""
         ...
 
 

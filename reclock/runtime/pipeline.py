@@ -63,7 +63,7 @@ from reclock.runtime.shaping import Shape, route_outputs
 from reclock.runtime.task import BatchPlan
 from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
-from reclock.sources.base import ERRORS, GrowsOutputs, Output, RunsTasks, Source, error_batch
+from reclock.sources.base import ERRORS, DistinctInserts, GrowsOutputs, Output, RunsTasks, Source, Split, error_batch
 from reclock.timeline.frontier import Frontier, IntoTime, encode_partition, wall_clock_ms
 from reclock.timeline.lag import total_lag
 from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
@@ -419,18 +419,20 @@ class Pipeline:
         splits = without_skips(self.source.splits(lower, upper), skips) if moved else []
         # Records from _errors read again, in the batch of the binding they were redriven at.
         splits += redrive_splits(self.source, bindings, self.remap.redrives, skips, between=(lo, binding_ts))
+        appends = self._appends(splits)
         plan = BatchPlan(
             source=self.source,
             stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
             uppers={name: sink.upper for name, sink in self.sinks.items()},
-            roots={name: str(sink.write_root) for name, sink in self.sinks.items()},
-            schemas={name: sink.write_schema for name, sink in self.sinks.items()},
+            roots={name: str(sink.path if name in appends else sink.write_root) for name, sink in self.sinks.items()},
+            schemas={name: sink.schema if name in appends else sink.write_schema for name, sink in self.sinks.items()},
             file_rows=self.settings.file_rows,
             envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
             store=self.lake.store,
             layouts=self.layouts,
             added={name: sink.added for name, sink in self.sinks.items() if sink.added},
             routes=self.routes,
+            appends=appends,
         )
         started = wall_clock_ms()
         report = BatchReport(
@@ -475,7 +477,13 @@ class Pipeline:
         for name, sink in self.sinks.items():
             if sink.upper <= binding_ts:
                 self._fence()
-                sink.commit(by_output[name], binding_ts, planned_upper=plan.uppers[name], metadata=metadata)
+                sink.commit(
+                    by_output[name],
+                    binding_ts,
+                    planned_upper=plan.uppers[name],
+                    metadata=metadata,
+                    append=name in plan.appends,
+                )
             self._on_step(f"committed:{name}")
         # Step 6: tell the source how far every output holds.
         self.source.commit(self.resume_frontier())
@@ -484,6 +492,20 @@ class Pipeline:
         report.rows = {name: sum(f.num_records for f in fs) for name, fs in by_output.items()}
         report.duration_ms = wall_clock_ms() - started
         return report
+
+    def _appends(self, splits: Sequence[Split]) -> frozenset[str]:
+        """The MERGE outputs this batch appends to instead: those the source promises only
+        inserts of distinct keys in ``splits`` (:class:`~reclock.sources.base.DistinctInserts`,
+        a database's initial snapshot) whose tables hold no row yet; a MERGE of such a batch into
+        such a table could only insert every record. Shaped outputs are never among them."""
+        if not isinstance(self.source, DistinctInserts):
+            return frozenset()
+        promised = self.source.distinct_inserts(splits)
+        return frozenset(
+            name
+            for name in promised
+            if name in self.sinks and name not in self.routes and self.sinks[name].can_append()
+        )
 
     def _skipped_rows(self, plan: BatchPlan, skips: list[Skip]) -> list[DataFile]:
         """One ``_errors`` row per skipped range, stamped like the range's first record (none for

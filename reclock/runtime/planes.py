@@ -107,14 +107,20 @@ class SparkDataPlane:
         return rdd.flatMap(functools.partial(_run_group, plan)).collect()
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-        """``fn`` over ``items``, one Spark task per item (each is a large piece of work, such as
-        a snapshot's chunk), in the job group :data:`MAP_GROUP`; results in the items' order."""
+        """``fn`` over ``items`` (pieces of like size, such as a snapshot's chunks) in one Spark
+        job in the group :data:`MAP_GROUP`, of as many tasks as the session runs at once, the
+        items dealt to them in turn; results in the items' order. A task costs 30-40 ms here
+        before it does anything (an empty job took 128 ms in 2 tasks, 221 ms in 5 and 297 ms in
+        8 on ``local[2]``), so one task per item paid that for every chunk of a snapshot."""
         if not items:
             return []
         context = self.spark.sparkContext
-        context.setJobGroup(MAP_GROUP, f"reclock: {len(items)} tasks of {getattr(fn, '__name__', 'work')}")
+        tasks = max(1, min(len(items), context.defaultParallelism))
+        dealt = [[(i, items[i]) for i in range(first, len(items), tasks)] for first in range(tasks)]
+        context.setJobGroup(MAP_GROUP, f"reclock: {len(items)} items of {getattr(fn, '__name__', 'work')}")
         try:
-            return context.parallelize(list(items), len(items)).map(fn).collect()
+            done = context.parallelize(dealt, tasks).flatMap(functools.partial(_map_items, fn)).collect()
+            return [result for _, result in sorted(done, key=lambda pair: pair[0])]
         finally:
             # None removes a local property (PySpark's stubs allow only str)
             context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
@@ -142,6 +148,10 @@ def _pack(splits: Sequence[Split], bins: int) -> list[list[Split]]:
 
 def _run_group(plan: BatchPlan, group: list[Split]) -> list[SplitResult]:
     return run_splits(plan, group)
+
+
+def _map_items(fn: Callable[[Any], Any], items: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
+    return [(i, fn(item)) for i, item in items]
 
 
 class AutoDataPlane:

@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from reclock.errors import ContractError, ErrorKind, classify, describe
 from reclock.persist.evolution import evolve
 from reclock.persist.layout import OutputLayout
-from reclock.persist.sink import DataFile, discard_data_file, write_data_files
+from reclock.persist.sink import DELETED, TRUNCATED, DataFile, discard_data_file, write_data_files
 from reclock.persist.store import LOCAL, Store
 from reclock.runtime.redrives import RedriveSplit, redriven_routes, refusal_rows
 from reclock.runtime.rows import output_rows, split_null_keys, split_unplaceable, unwrap
@@ -74,6 +74,10 @@ class BatchPlan:
     added: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     #: Per shaped source output, where its rows go (:mod:`reclock.runtime.shaping`); others land as read.
     routes: Mapping[str, tuple[Route, ...]] = field(default_factory=dict)
+    #: Outputs of ``envelopes`` this batch appends instead of merging (the source promised inserts
+    #: of distinct keys into a table with no row, :meth:`~reclock.persist.sink.OutputSink.can_append`):
+    #: their rows are written as the table's own files, without ``_deleted`` and ``_truncated``.
+    appends: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -217,6 +221,17 @@ def _from(table: pa.Table, upper: IntoTime, floor: IntoTime) -> pa.Table:
     return table.filter(pc.greater_equal(table.column(INTO_TS), upper))
 
 
+def _check_inserts(batch: pa.RecordBatch, output: str) -> None:
+    """An appended batch's records are inserts, as its source promised (a delete or truncate
+    would need the MERGE): a source that breaks the promise is a bug, never rows guessed at."""
+    for marker in (DELETED, TRUNCATED):
+        if pc.any(pc.fill_null(batch.column(marker), False)).as_py():
+            raise ContractError(
+                f"the source promised inserts of distinct keys to output {output!r} and yielded a record "
+                f"marked {marker} (DistinctInserts.distinct_inserts must leave such an output out)"
+            )
+
+
 def _failed(split: Split, started: float, exc: Exception) -> SplitResult:
     return SplitResult(
         split,
@@ -333,7 +348,10 @@ class _Task:
             batch, new = evolve(batch, schema, layout, plan.added.get(output, ()))
         for name, column in new.items():  # beside the others, so an upsert record of new fields only is no delete
             batch = batch.append_column(pa.field(name, pa.string()), column)
-        shaped = output_rows(unwrap(batch, envelope, key), into, schema)
+        unwrapped = unwrap(batch, envelope, key)
+        if output in plan.appends:
+            _check_inserts(unwrapped, output)
+        shaped = output_rows(unwrapped, into, schema)
         for name, column in new.items():
             shaped = shaped.append_column(pa.field(name, pa.string()), column)
         if not keep.all():
@@ -358,7 +376,7 @@ class _Task:
         known = self.plan.schemas[output].names
         new_fields = tuple(name for name in table.column_names if name not in known)
         layout = self.plan.layouts.get(output)
-        staged = output in self.plan.envelopes  # a MERGE's staged rows: delta-rs partitions them
+        staged = output in self.plan.envelopes and output not in self.plan.appends  # delta-rs's MERGE partitions them
         partition_by = layout.partition_by if layout is not None and not staged else ()
         return write_data_files(
             self.plan.roots[output], output, table, self.plan.store, partition_by=partition_by, new_fields=new_fields

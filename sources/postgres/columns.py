@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["SESSION_OPTIONS", "arrow_type", "typed_column"]
+__all__ = ["SESSION_OPTIONS", "arrow_type", "typed_column", "typed_texts"]
 
 #: libpq ``options`` every connection of the source uses, so text forms are the same everywhere.
 SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c extra_float_digits=3 -c bytea_output=hex"
@@ -54,7 +54,11 @@ def typed_column(texts: Sequence[str | None] | pa.Array, kind: pa.DataType) -> t
     """``texts`` (Python strings, or already a string array) as an array of ``kind``, and the
     positions whose text is not a value of it (null in the array). A value of a type kept as text
     never fails."""
-    raw = texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
+    return typed_texts(texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string()), kind)
+
+
+def typed_texts(raw: pa.Array, kind: pa.DataType) -> tuple[pa.Array, list[int]]:
+    """:func:`typed_column` of texts already in an Arrow string array (a snapshot chunk's column)."""
     if pa.types.is_string(kind):
         return raw, []
     try:

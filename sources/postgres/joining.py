@@ -57,7 +57,7 @@ from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.config import TableName
 from reclock.sources.postgres.pgoutput import parse_lsn
-from reclock.sources.postgres.snapshot import CHUNKS, CaptureFailed, Chunk, _plan, copy_chunk, read_chunk
+from reclock.sources.postgres.snapshot import CHUNKS, CaptureFailed, Chunk, _plan, copy_chunk
 from reclock.sources.postgres.state import StateFolder
 
 __all__ = [
@@ -68,7 +68,6 @@ __all__ = [
     "capture_join",
     "load_joins",
     "published",
-    "read_joined_chunk",
     "snapshot_partition",
 ]
 
@@ -213,16 +212,3 @@ class JoinedBatches(ChangeBatches):
         if self.joined_at:
             changes = [(output, change) for output, change in changes if self.joined_at.get(output, 0) <= lsn]
         yield from super().transaction(offset, lsn, xid, changes)
-
-
-def read_joined_chunk(
-    state: StateFolder, split: JoinedChunkSplit, batches: ChangeBatches
-) -> Iterator[tuple[str, pa.RecordBatch]]:
-    """The rows of one chunk of a joined table's copy, at offset ``split.start`` of its partition
-    (``batches`` carries that partition), their commit LSN the copy's consistent point."""
-    assert split.chunk is not None
-    rows = read_chunk(state, split.chunk)
-    columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
-    changes = [(split.chunk.output, Change("r", None, row)) for row in zip(*columns, strict=True)]
-    yield from batches.transaction(split.start, split.consistent_lsn, None, changes)
-    yield from batches.finish()

@@ -10,8 +10,10 @@ exported snapshot lives only as long as it, and only while it runs no other comm
 every table into chunks of ``snapshot_chunk_pages`` heap pages (``ctid`` ranges, the last one
 open-ended) and hands them to the pipeline's tasks (:data:`~reclock.sources.base.TaskRunner`:
 Spark tasks on the Spark plane, the driver's threads otherwise). Each task opens its own
-connection, joins the snapshot (``SET TRANSACTION SNAPSHOT``), copies its range and writes it as
-one parquet file into the pipeline's folder of the lake (:class:`StateFolder`, local or S3).
+connection, joins the snapshot (``SET TRANSACTION SNAPSHOT``), copies its range, types its
+columns (:func:`~reclock.sources.postgres.chunks.typed_chunk`: all of them, or none if a value
+does not type) and writes it as one parquet file into the pipeline's folder of the lake
+(:class:`StateFolder`, local or S3).
 
 **Captured once.** Only when every task succeeded does the driver write the manifest (the slot,
 its consistent point, the chunks), last and whole. A crash before it bound nothing: the next
@@ -43,6 +45,7 @@ import pyarrow.csv as pacsv
 from reclock.errors import DefiniteSourceError
 from reclock.sources.base import TaskRunner
 from reclock.sources.postgres.catalog import TableSpec
+from reclock.sources.postgres.chunks import typed_chunk
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.state import StateFolder
@@ -55,7 +58,7 @@ CHUNKS = "chunks"
 
 @dataclass(frozen=True)
 class Chunk:
-    """One captured piece of one table: its rows as text columns in ``file`` (relative)."""
+    """One captured piece of one table: its rows in ``file`` (relative), typed or as texts."""
 
     output: str
     file: str
@@ -207,7 +210,7 @@ def copy_chunk(task: ChunkTask) -> Chunk | CaptureFailed:
                 with conn.cursor() as cur:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     cur.execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
-                    table = _copy_rows(cur, task)
+                    table = typed_chunk(_copy_rows(cur, task), task.spec)
                 conn.rollback()
             finally:
                 conn.close()
@@ -247,5 +250,5 @@ def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
 
 
 def read_chunk(state: StateFolder, chunk: Chunk) -> pa.Table:
-    """A captured chunk's rows (text columns), the same every time."""
+    """A captured chunk's rows (typed or text columns), the same every time."""
     return state.read_parquet(chunk.file)

@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import (
+    DistinctInserts,
     GrowsOutputs,
     JoinedOutput,
     Output,
@@ -56,7 +57,8 @@ from reclock.sources.postgres.catalog import (
     pinned,
     pinned_tables,
 )
-from reclock.sources.postgres.changes import Change, ChangeBatches
+from reclock.sources.postgres.changes import ChangeBatches
+from reclock.sources.postgres.chunks import chunk_batches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
 from reclock.sources.postgres.config import PostgresOptions, TableName, slot_name
 from reclock.sources.postgres.joining import (
@@ -66,7 +68,6 @@ from reclock.sources.postgres.joining import (
     capture_join,
     load_joins,
     published,
-    read_joined_chunk,
 )
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
 from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
@@ -95,7 +96,7 @@ class RangeSplit(Split):
     """The transactions committed in ``[start, end)``, read from the slot."""
 
 
-class PostgresSource(SourceBase, GrowsOutputs):
+class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
     """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
 
     #: Rows per Arrow batch a read yields (bounded memory per task).
@@ -156,6 +157,11 @@ class PostgresSource(SourceBase, GrowsOutputs):
         #: Tables joined since (manifest written), and those an explicit list names that must join.
         self.joins: tuple[Joined, ...] = load_joins(self.state)
         self._named_later = tuple(s.table for s in made if kept is not None and s.table not in kept)
+        live = {spec.output: spec for spec in now}
+        #: Outputs whose key is their table's unique key now, as when they were made.
+        self._unique = frozenset(
+            spec.output for spec in self.specs if spec.output in live and spec.key == live[spec.output].key
+        )
         self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
 
@@ -222,12 +228,34 @@ class PostgresSource(SourceBase, GrowsOutputs):
         return Frontier({WAL: wal, **{j.partition: len(j.chunks) for j in self.joins}})
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
-        """Never cut: a binding takes the whole probe. Offsets are WAL bytes, not records, and a
-        range is read from the slot whole anyway; ``max_batch`` still bounds how many bindings a
-        catch-up batch groups (``max_batch = 1``: one batch per binding, so that every binding
-        time is a cut of upsert outputs, see docs/sources/postgres.md). It also keeps the
-        snapshot whole, at one into time."""
+        """A binding takes the whole probe, except that the snapshot is bound alone: the first
+        binding's frontier is the slot's consistent point, so every chunk lands at one into time
+        (a cut of the database at that point) and the first batch holds nothing but chunks,
+        which :meth:`distinct_inserts` can promise are inserts of distinct keys. Otherwise never
+        cut: offsets are WAL bytes, not records, and a range is read from the slot whole anyway;
+        ``max_batch`` still bounds how many bindings a catch-up batch groups (``max_batch = 1``:
+        one batch per binding, so that every binding time is a cut of upsert outputs, see
+        docs/sources/postgres.md)."""
+        manifest = self._manifest
+        if manifest is not None and manifest.chunks:
+            consistent = manifest.consistent_lsn
+            if lower.offset(WAL) < consistent < upper.offset(WAL):
+                return Frontier({WAL: consistent})
         return upper
+
+    def distinct_inserts(self, splits: Sequence[Split]) -> frozenset[str]:
+        """:class:`~reclock.sources.base.DistinctInserts`: a batch of snapshot chunks only (the
+        first binding's, see :meth:`cap`) inserts each row of a table once, and an ``upsert``
+        output's key is its table's primary key or replica identity index, unique: its outputs,
+        if that key is still the one the outputs were made for (a key pinned at the first start
+        and since changed on the server promises nothing). A batch with a replication range
+        may update or delete any key: none."""
+        if self.options.envelope != "upsert" or not splits:
+            return frozenset()
+        chunks = [split.chunk for split in splits if isinstance(split, ChunkSplit) and split.chunk is not None]
+        if len(chunks) < len(splits):
+            return frozenset()
+        return frozenset(chunk.output for chunk in chunks) & self._unique
 
     def splits(self, lower: Frontier, upper: Frontier) -> Sequence[Split]:
         manifest = self._captured()
@@ -251,15 +279,11 @@ class PostgresSource(SourceBase, GrowsOutputs):
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The rows of a chunk, or the changes of a range; the same for the same split."""
-        if isinstance(split, JoinedChunkSplit):
-            assert self.state is not None, "a table joins only once the snapshot is captured"
-            yield from read_joined_chunk(self.state, split, self._batches(split.partition))
+        if isinstance(split, ChunkSplit | JoinedChunkSplit):
+            assert split.chunk is not None
+            yield from self._read_chunk(split.partition, split.start, split.chunk, split.consistent_lsn)
             return
         batches = self._batches(WAL, split.start)
-        if isinstance(split, ChunkSplit):
-            assert split.chunk is not None
-            yield from self._read_chunk(split, split.chunk, batches)
-            return
         yield from read_range(
             self.options.dsn,
             self.options.slot,
@@ -273,14 +297,23 @@ class PostgresSource(SourceBase, GrowsOutputs):
         )
 
     def _read_chunk(
-        self, split: ChunkSplit, chunk: Chunk, batches: ChangeBatches
+        self, partition: Partition, offset: int, chunk: Chunk, consistent_lsn: int
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """A chunk's rows (of the snapshot, or of a joined table's copy), typed column by column
+        (:mod:`~reclock.sources.postgres.chunks`): the rows the stream's path gives for them as
+        one transaction at the chunk's offset."""
         assert self.state is not None, "a chunk split is made only once the snapshot is captured"
-        rows = read_chunk(self.state, chunk)
-        columns = [rows.column(i).to_pylist() for i in range(rows.num_columns)]
-        changes = [(chunk.output, Change("r", None, row)) for row in zip(*columns, strict=True)]
-        yield from batches.transaction(split.start, split.consistent_lsn, None, changes)
-        yield from batches.finish()
+        spec = next(spec for spec in self._read_specs if spec.output == chunk.output)
+        yield from chunk_batches(
+            read_chunk(self.state, chunk),
+            spec,
+            self.options.envelope,
+            encode_partition(partition),
+            offset,
+            consistent_lsn,
+            fail=self.on_record_error == "fail",
+            unknown=self._unknown,
+        )
 
     def commit(self, frontier: Frontier) -> None:
         """Confirm the slot up to the resume frontier (advisory: a failure is logged, and the

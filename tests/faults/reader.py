@@ -116,8 +116,28 @@ def read_rows(log: DeltaLog, columns: list[str] | None = None) -> pa.Table | Non
         return None
     if not uris:
         return pa.table({c: [] for c in columns or []})
-    pieces = [pq.read_table(u, columns=columns) for u in uris]
+    pieces = [_without_views(pq.read_table(u, columns=columns)) for u in uris]
     return pa.concat_tables(pieces, promote_options="default")
+
+
+def _without_views(table: pa.Table) -> pa.Table:
+    """``table`` with its view columns as plain ones: delta-rs writes its files (a MERGE's) with
+    ``string_view`` and ``binary_view``, tasks with ``string`` and ``binary``, and one table may
+    hold both kinds of file (a Delta reader reads them all by the table's schema)."""
+    plain = pa.schema([f.with_type(_plain(f.type)) for f in table.schema], metadata=table.schema.metadata)
+    return table if plain == table.schema else table.cast(plain)
+
+
+def _plain(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_struct(kind):
+        return pa.struct([kind.field(i).with_type(_plain(kind.field(i).type)) for i in range(kind.num_fields)])
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_plain(kind.value_type)))
+    return kind
 
 
 def label_of(log: DeltaLog, app_id: str) -> int | None:

@@ -244,8 +244,7 @@ class SlotWatch(threading.Thread):
 
 def _capturing(dsn: str) -> bool:
     """Whether a capture is under way: its slot's exporting replication connection is open (the
-    server's own ``pg_stat_activity``; nothing else of the job's replicates before a manifest)
-    and no manifest is written."""
+    server's own ``pg_stat_activity``; nothing else of the job's replicates before a manifest)."""
     with closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
         cur.execute(
             "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'walsender' "
