@@ -69,14 +69,15 @@ def _files(lake: Path) -> int:
     return sum(len(DeltaLog(Lake.at(lake).output_path("m", o)).refresh().files) for o in Lake.at(lake).outputs("m"))
 
 
-def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]]) -> list[int]:
-    """Run ``command``, SIGKILL it after a delay 0.04 s longer each time, until one run finishes.
+def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]], step: float) -> list[int]:
+    """Run ``command``, SIGKILL it after a delay ``step`` s longer each time, until one run finishes.
 
     Each run goes on from what the killed ones committed, so the kills sweep the whole of the
-    work at 0.04 s steps: an optimize of three small outputs takes a few tenths of a second after
-    the interpreter's start-up, and coarser steps could jump over every commit but the last.
-    After every kill the rows must be exactly ``rows``; returns the live output files seen after
-    each run.
+    work at ``step``: an optimize of three small outputs takes a few tenths of a second after
+    the interpreter's start-up, and coarse steps can jump over every commit but the last (which
+    :func:`_kill_at_the_first_output_commit` does not). Each step is a process start, about a
+    second of CPU: the long lane sweeps at 0.04 s, the default at 0.12 s. After every kill the
+    rows must be exactly ``rows``; returns the live output files seen after each run.
     """
     seen = []
     delay = 0.4
@@ -90,26 +91,33 @@ def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]]) -> 
         if finished:
             assert process.returncode == 0, process.stderr.read().decode()
             return seen
-        delay += 0.04
+        delay += step
 
 
 def _kill_at_the_first_output_commit(lake: Path, rows: dict[str, list[tuple]]) -> int:
     """Run ``optimize`` and SIGKILL it the moment an output's live files first change: between two
     of its commits, which the steps of :func:`_kill_until_done` can step over when every commit
     lands within one step. (A new log version alone is not that moment: an output with nothing to
-    merge commits without changing a file.) The rows must be exactly ``rows``; returns the live
-    output files."""
+    merge commits without changing a file.) The process runs in slices of a few milliseconds and
+    is looked at while SIGSTOPped, so a slow look cannot let it commit the next output meanwhile
+    (watching it run, a look under load saw every output merged). The rows must be exactly
+    ``rows``; returns the live output files."""
     before = _files(lake)
     process = _popen(lake, "optimize", "m")
     deadline = time.monotonic() + 120
-    while _files(lake) == before and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.001)
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+        os.killpg(process.pid, signal.SIGSTOP)
+        if _files(lake) != before:
+            break
+        os.killpg(process.pid, signal.SIGCONT)
     _kill(process)
     assert _rows(lake) == rows, "an optimize killed after its first output commit changed rows"
     return _files(lake)
 
 
-def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path):
+def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path, long_lane):
+    step = 0.04 if long_lane else 0.12
     lake = _define(tmp_path, every=0)
     done = reclock_in_process("--lake", str(lake), "start", "m", "--max-seconds", "6")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -117,8 +125,8 @@ def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resu
     remap_before = Remap.read(lake / "m" / "remap")
     files_before = _files(lake)
     assert files_before > 40, "too few small files for maintenance to have work"
-    merged = [_kill_at_the_first_output_commit(lake, before), *_kill_until_done(lake, "optimize", before)]
-    _kill_until_done(lake, "vacuum", before)
+    merged = [_kill_at_the_first_output_commit(lake, before), *_kill_until_done(lake, "optimize", before, step)]
+    _kill_until_done(lake, "vacuum", before, step)
     assert any(merged[-1] < n < files_before for n in merged[:-1]), f"no kill landed between commits: {merged}"
     done = reclock_in_process("--lake", str(lake), "optimize", "m")
     assert done.returncode == 0, done.stderr
