@@ -54,10 +54,10 @@ from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import Split, TaskRunner
 from reclock.sources.postgres.catalog import TableSpec, describe, spec_json, spec_of_json
 from reclock.sources.postgres.changes import Change, ChangeBatches
-from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
+from reclock.sources.postgres.clients import connect, server_errors
 from reclock.sources.postgres.config import TableName
 from reclock.sources.postgres.pgoutput import parse_lsn
-from reclock.sources.postgres.snapshot import CHUNKS, CaptureFailed, Chunk, _plan, copy_chunk
+from reclock.sources.postgres.snapshot import CHUNKS, Chunk, copied, copy_chunk, plan_chunks
 from reclock.sources.postgres.state import StateFolder
 
 __all__ = [
@@ -173,17 +173,12 @@ def capture_join(
                 _, consistent_point, snapshot_name, _ = cur.fetchone()
             consistent = parse_lsn(consistent_point)
             attempt = f"{_ATTEMPT}-{consistent:016X}"
-            tasks = _plan(dsn, slot, publication, snapshot_name, attempt, [spec], state, chunk_pages)
+            tasks = plan_chunks(dsn, slot, publication, snapshot_name, attempt, [spec], state, chunk_pages)
             # Step 4: the chunks, copied by tasks.
             done = run(copy_chunk, tasks)
         finally:
             exporting.close()
-    chunks = []
-    for result in done:
-        if isinstance(result, CaptureFailed):
-            kind = PostgresUnavailable if result.transient else DefiniteSourceError
-            raise kind(f"the copy of joining table {table.qualified} failed, it starts over: {result.message}")
-        chunks.append(result)
+    chunks = copied(done, f"the copy of joining table {table.qualified} failed, it starts over")
     assert chunks, "a table's copy has at least one chunk (possibly empty): its partition must be bound"
     # Step 5: the manifest, last and whole.
     joined = Joined(spec, consistent, tuple(chunks))

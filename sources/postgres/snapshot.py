@@ -50,7 +50,7 @@ from reclock.sources.postgres.clients import PostgresUnavailable, connect, serve
 from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.state import StateFolder
 
-__all__ = ["Chunk", "ChunkTask", "Manifest", "capture", "copy_chunk", "load", "read_chunk"]
+__all__ = ["Chunk", "ChunkTask", "Manifest", "capture", "copied", "copy_chunk", "load", "plan_chunks", "read_chunk"]
 
 MANIFEST = "snapshot.json"
 CHUNKS = "chunks"
@@ -151,23 +151,30 @@ def capture(
                 cur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput {how}")
                 _, consistent_point, snapshot_name, _ = cur.fetchone()
             consistent = parse_lsn(consistent_point)
-            tasks = _plan(dsn, slot, publication, snapshot_name, f"{consistent:016X}", specs, state, chunk_pages)
+            tasks = plan_chunks(dsn, slot, publication, snapshot_name, f"{consistent:016X}", specs, state, chunk_pages)
             done = run(copy_chunk, tasks) if take else []
         finally:
             exporting.close()  # only now: the tasks joined the snapshot it exported
-    chunks = []
-    for result in done:
-        if isinstance(result, CaptureFailed):
-            kind = PostgresUnavailable if result.transient else DefiniteSourceError
-            raise kind(f"the snapshot's capture failed, it starts over at the next probe: {result.message}")
-        chunks.append(result)
+    chunks = copied(done, "the snapshot's capture failed, it starts over at the next probe")
     assert len(chunks) < consistent, "more snapshot chunks than LSNs below the consistent point"
     manifest = Manifest(slot, consistent, tuple(chunks))
     state.write_bytes(MANIFEST, manifest.to_json().encode())
     return manifest
 
 
-def _plan(
+def copied(done: Sequence[Chunk | CaptureFailed], failed: str) -> list[Chunk]:
+    """The chunks the tasks copied; the first failure raised with its kind (transient: the
+    capture starts over at the next probe), ``failed`` saying what failed."""
+    chunks = []
+    for result in done:
+        if isinstance(result, CaptureFailed):
+            kind = PostgresUnavailable if result.transient else DefiniteSourceError
+            raise kind(f"{failed}: {result.message}")
+        chunks.append(result)
+    return chunks
+
+
+def plan_chunks(
     dsn: str,
     slot: str,
     publication: str,
