@@ -69,21 +69,28 @@ def _files(lake: Path) -> int:
     return sum(len(DeltaLog(Lake.at(lake).output_path("m", o)).refresh().files) for o in Lake.at(lake).outputs("m"))
 
 
-def _kill_until_done(lake: Path, command: str, rows: dict[str, list[tuple]], step: float) -> list[int]:
-    """Run ``command``, SIGKILL it after a delay ``step`` s longer each time, until one run finishes.
+def _kill_until_done(
+    lake: Path, command: str, rows: dict[str, list[tuple]], step: float, kills: int | None
+) -> list[int]:
+    """Run ``command``, SIGKILL it after a delay ``step`` s longer each time, until one run
+    finishes, or, after ``kills`` kills, let the next run finish.
 
-    Each run goes on from what the killed ones committed, so the kills sweep the whole of the
-    work at ``step``: an optimize of three small outputs takes a few tenths of a second after
-    the interpreter's start-up, and coarse steps can jump over every commit but the last (which
+    Each run goes on from what the killed ones committed, so the kills sweep the work at
+    ``step``: an optimize of three small outputs takes a few tenths of a second after the
+    interpreter's start-up, and coarse steps can jump over every commit but the last (which
     :func:`_kill_at_the_first_output_commit` does not). Each step is a process start, about a
-    second of CPU: the long lane sweeps at 0.04 s, the default at 0.12 s. After every kill the
-    rows must be exactly ``rows``; returns the live output files seen after each run.
+    second of CPU, and under load the work takes longer, so the steps it needs grow: the long
+    lane sweeps at 0.04 s to the end, the default at 0.12 s for at most ``kills`` kills. After
+    every kill the rows must be exactly ``rows``; returns the live output files seen after each run.
     """
     seen = []
     delay = 0.4
     while True:
         process = _popen(lake, command, "m")
-        time.sleep(delay)
+        if kills is not None and len(seen) >= kills:
+            process.wait(timeout=120)
+        else:
+            time.sleep(delay)
         finished = process.poll() is not None
         _kill(process)
         assert _rows(lake) == rows, f"a {command} killed after {delay:.1f} s changed rows"
@@ -117,7 +124,7 @@ def _kill_at_the_first_output_commit(lake: Path, rows: dict[str, list[tuple]]) -
 
 
 def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path, long_lane):
-    step = 0.04 if long_lane else 0.12
+    step, kills = (0.04, None) if long_lane else (0.12, 8)
     lake = _define(tmp_path, every=0)
     done = reclock_in_process("--lake", str(lake), "start", "m", "--max-seconds", "6")
     assert done.returncode == 0, done.stderr[-2000:]
@@ -125,8 +132,8 @@ def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resu
     remap_before = Remap.read(lake / "m" / "remap")
     files_before = _files(lake)
     assert files_before > 40, "too few small files for maintenance to have work"
-    merged = [_kill_at_the_first_output_commit(lake, before), *_kill_until_done(lake, "optimize", before, step)]
-    _kill_until_done(lake, "vacuum", before, step)
+    merged = [_kill_at_the_first_output_commit(lake, before), *_kill_until_done(lake, "optimize", before, step, kills)]
+    _kill_until_done(lake, "vacuum", before, step, kills)
     assert any(merged[-1] < n < files_before for n in merged[:-1]), f"no kill landed between commits: {merged}"
     done = reclock_in_process("--lake", str(lake), "optimize", "m")
     assert done.returncode == 0, done.stderr
