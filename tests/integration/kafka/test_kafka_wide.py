@@ -132,10 +132,14 @@ def test_a_probe_is_one_metadata_request_for_its_own_topics_and_one_fetch(broker
             monkeypatch.setattr(KafkaConnection, "send_request", recording)
             upper = source.upper()
             monkeypatch.undo()
-            kinds = Counter(type(r).__name__.removesuffix("Request") for r in sent)
-            assert kinds == {"Metadata": 1, "Fetch": 1}, kinds
-            (asked,) = [r for r in sent if type(r).__name__ == "MetadataRequest"]
-            assert [t.name for t in asked.topics] == [name]
+            asked = [r for r in sent if type(r).__name__ == "MetadataRequest"]
+            kinds = Counter(type(r).__name__.removesuffix("Request") for r in sent if r not in asked)
+            assert kinds == {"Fetch": 1}, kinds
+            # The probe's one metadata request names its own topic; kafka-python may refresh its
+            # cluster view on its own meanwhile (seen once under the suite's load), and that
+            # refresh names no topic (never every topic, as the old probe's consumer asked).
+            names = [None if r.topics is None else [t.name for t in r.topics] for r in asked]
+            assert names.count([name]) == 1 and all(n in ([name], []) for n in names), names
             (fetch,) = [r for r in sent if type(r).__name__ == "FetchRequest"]
             assert fetch.max_wait_ms <= 1  # nothing new must not make the broker wait for records
         assert {p: upper.offset(p) for p in expected} == expected
