@@ -32,7 +32,7 @@ from reclock.sources.postgres.pgoutput import (
 # -- an encoder of the test's own --------------------------------------------------------------
 
 
-def _tuple_bytes(values: tuple) -> bytes:
+def tuple_bytes(values: tuple) -> bytes:
     out = [struct.pack(">h", len(values))]
     for value in values:
         if value is None:
@@ -48,11 +48,11 @@ def _tuple_bytes(values: tuple) -> bytes:
 def _encode(kind: str, relation_id: int, old: tuple | None, old_tag: str, new: tuple | None) -> bytes:
     head = kind.encode() + struct.pack(">I", relation_id)
     if kind == "I":
-        return head + b"N" + _tuple_bytes(new)  # type: ignore[arg-type]
+        return head + b"N" + tuple_bytes(new)  # type: ignore[arg-type]
     if kind == "U":
-        before = b"" if old is None else old_tag.encode() + _tuple_bytes(old)
-        return head + before + b"N" + _tuple_bytes(new)  # type: ignore[arg-type]
-    return head + old_tag.encode() + _tuple_bytes(old)  # type: ignore[arg-type]
+        before = b"" if old is None else old_tag.encode() + tuple_bytes(old)
+        return head + before + b"N" + tuple_bytes(new)  # type: ignore[arg-type]
+    return head + old_tag.encode() + tuple_bytes(old)  # type: ignore[arg-type]
 
 
 # -- the reference: the per-message reader as it was ------------------------------------------

@@ -25,6 +25,7 @@ from reclock.sources.postgres.catalog import ColumnSpec, TableSpec
 from reclock.sources.postgres.changes import ChangeBatches
 from reclock.sources.postgres.config import TableName
 from reclock.sources.postgres.pgoutput import UNCHANGED
+from tests.unit.test_pgoutput_bulk import tuple_bytes
 
 ITEMS = TableSpec(TableName("public", "items"), (ColumnSpec("id", 23, -1), ColumnSpec("v", 25, -1)), ("id",), "d")
 NOTES = TableSpec(TableName("public", "notes"), (ColumnSpec("k", 25, -1), ColumnSpec("n", 20, -1)), ("k",), "d")
@@ -32,17 +33,7 @@ NOTES = TableSpec(TableName("public", "notes"), (ColumnSpec("k", 25, -1), Column
 NOTES_NOW = [("extra", 25), ("n", 20), ("k", 25)]
 
 
-def _tuple(values: tuple) -> bytes:
-    out = [struct.pack(">h", len(values))]
-    for value in values:
-        if value is None:
-            out.append(b"n")
-        elif value is UNCHANGED:
-            out.append(b"u")
-        else:
-            data = value.encode()
-            out.append(b"t" + struct.pack(">i", len(data)) + data)
-    return b"".join(out)
+_tuple = tuple_bytes  # the bulk decoder test's own TupleData encoder
 
 
 def _relation(relation_id: int, name: str, columns: list[tuple[str, int]]) -> bytes:
