@@ -232,7 +232,11 @@ def copy_chunk(task: ChunkTask) -> Chunk | CaptureFailed:
 
 def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
     """The chunk through ``COPY ... TO STDOUT (FORMAT csv, NULL '\\N')``: the same text forms
-    pgoutput sends; an unquoted ``\\N`` is NULL (the server quotes a value that reads so)."""
+    pgoutput sends; an unquoted ``\\N`` is NULL (the server quotes a value that reads so).
+
+    A value can hold a line break only inside quotes, and parsing for that (``newlines_in_values``)
+    makes pyarrow cut the text into blocks serially: 97 ms instead of 54 ms for 500,000 rows of the
+    benchmark's table. So a chunk with no quote at all, the common case, is parsed without it."""
     spec = task.spec
     where = f"ctid >= '({task.low},0)'::tid" + (f" AND ctid < '({task.high},0)'::tid" if task.high is not None else "")
     names = [c.name for c in spec.columns]
@@ -242,11 +246,11 @@ def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
     cur.copy_expert(f"COPY ({query}) TO STDOUT WITH (FORMAT csv, NULL '\\N')", buffer)
     if buffer.tell() == 0:
         return pa.table({name: pa.array([], pa.string()) for name in names})
-    buffer.seek(0)
+    data = buffer.getvalue()
     return pacsv.read_csv(
-        buffer,
+        pa.BufferReader(data),
         read_options=pacsv.ReadOptions(column_names=names),
-        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        parse_options=pacsv.ParseOptions(newlines_in_values=b'"' in data),
         convert_options=pacsv.ConvertOptions(
             column_types={name: pa.string() for name in names},
             null_values=["\\N"],

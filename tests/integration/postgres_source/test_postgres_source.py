@@ -101,6 +101,35 @@ def test_snapshot_then_stream_mirror_the_tables_by_key(postgres, tmp_path):
     drop_slot(postgres, db, source.options.slot)
 
 
+def test_a_snapshot_of_values_with_line_breaks_and_quotes_is_the_table(postgres, tmp_path):
+    """``COPY``'s CSV quotes a value holding a line break; a chunk with any quote is parsed with
+    ``newlines_in_values``, one without is not. Values with breaks and quotes fill several of
+    pyarrow's 1 MiB parse blocks, so a block boundary falls inside a quoted value: parsed without
+    ``newlines_in_values`` such a chunk gives cut values or fails. The plain table beside it takes
+    the other path."""
+    db = "breaks"
+    postgres.create_database(db)
+    execute(
+        postgres,
+        db,
+        "CREATE TABLE notes (id int PRIMARY KEY, body text)",
+        "CREATE TABLE plain (id int PRIMARY KEY, body text)",
+        "INSERT INTO notes SELECT g, repeat('line ' || g || E'\\n\\r\\n\"q\", ', 1 + g % 7) "
+        "FROM generate_series(1, 30000) g",
+        "INSERT INTO plain SELECT g, repeat('w' || g, 1 + g % 5) FROM generate_series(1, 30000) g",
+    )
+    source = make_source(postgres, db, tmp_path, tables=["notes", "plain"])
+    pipeline = Pipeline("pg", tmp_path / "lake", source)
+    pipeline.step()
+    for table in ("notes", "plain"):
+        landed = output_table(tmp_path / "lake", "pg", f"public_{table}")
+        assert sorted((r["id"], r["body"]) for r in landed.to_pylist()) == sorted(
+            query(postgres, db, f"SELECT id, body FROM {table}")
+        ), table
+    assert any("\n" in body for _, body in query(postgres, db, "SELECT id, body FROM notes WHERE id = 1"))
+    drop_slot(postgres, db, source.options.slot)
+
+
 def test_one_transaction_lands_at_one_into_time_in_every_table(postgres, tmp_path):
     db = "onetime"
     postgres.create_database(db)
