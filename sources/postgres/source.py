@@ -38,6 +38,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import (
+    AwaitsOutputs,
     DistinctInserts,
     GrowsOutputs,
     JoinedOutput,
@@ -60,7 +61,7 @@ from reclock.sources.postgres.catalog import (
 from reclock.sources.postgres.changes import ChangeBatches
 from reclock.sources.postgres.chunks import chunk_batches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
-from reclock.sources.postgres.config import PostgresOptions, TableName, slot_name
+from reclock.sources.postgres.config import PostgresOptions, TableName, may_name_a_table, slot_name
 from reclock.sources.postgres.joining import (
     Joined,
     JoinedBatches,
@@ -96,7 +97,7 @@ class RangeSplit(Split):
     """The transactions committed in ``[start, end)``, read from the slot."""
 
 
-class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
+class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
     """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
 
     #: Rows per Arrow batch a read yields (bounded memory per task).
@@ -195,10 +196,16 @@ class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
         (:mod:`~reclock.sources.postgres.joining`)."""
         return [JoinedOutput(j.spec.as_output(self.options.envelope), j.partition) for j in self.joins]
 
+    def may_join(self, name: str) -> bool:
+        """:class:`~reclock.sources.base.AwaitsOutputs`: with ``"*"``, any ``<schema>_<table>``
+        name may join (a table added to the publication later); with a list, none."""
+        return self.options.whole_publication and may_name_a_table(name)
+
     def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
-        """Columns added to these outputs' tables go on as unknown fields (``schema_evolution``)."""
-        known = {spec.output for spec in self.specs}
-        unknown = [name for name in outputs if name not in known]
+        """Columns added to these outputs' tables go on as unknown fields (``schema_evolution``);
+        also of an output that may join later (:meth:`may_join`), from its copy on."""
+        known = {spec.output for spec in self._read_specs}
+        unknown = [name for name in outputs if name not in known and not self.may_join(name)]
         if unknown:
             raise ConfigError(f"outputs.{unknown[0]}.schema_evolution", f"the source has no output {unknown[0]!r}")
         self._unknown = frozenset(outputs)
