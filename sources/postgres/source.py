@@ -70,6 +70,7 @@ from reclock.sources.postgres.joining import (
     load_joins,
     published,
 )
+from reclock.sources.postgres.leaving import Left, came_back, load_left, record_left
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
 from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
 from reclock.sources.postgres.state import StateFolder
@@ -163,6 +164,8 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
         self._unique = frozenset(
             spec.output for spec in self.specs if spec.output in live and spec.key == live[spec.output].key
         )
+        #: Tables that left the publication (:mod:`~reclock.sources.postgres.leaving`), by output.
+        self.left: dict[str, Left] = load_left(self.state)
         self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
 
@@ -219,7 +222,10 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
-                joining = self._joining(cur)
+                listed = published(cur, self.options.publication) if self.options.whole_publication else None
+                joining = self._joining(listed or [])
+                if listed is not None:
+                    self._follow_removals(cur, listed)
         finally:
             conn.close()
         for table in joining:
@@ -380,18 +386,50 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
             self.options.envelope,
             encode_partition(partition),
             joined_at={j.spec.output: j.consistent_lsn for j in self.joins if j.consistent_lsn > start},
+            left_at={output: left.lsn for output, left in self.left.items()},
             flush_rows=self.flush_rows,
             fail=self.on_record_error == "fail",
             unknown=self._unknown,
         )
 
-    def _joining(self, cur: Any) -> list[TableName]:
-        """The tables the definition selects now that are neither initial nor joined yet."""
+    def _joining(self, listed: Sequence[TableName]) -> list[TableName]:
+        """The tables the definition selects now (``listed``: the publication's, with ``"*"``)
+        that are neither initial nor joined yet."""
         have = {s.table for s in self._read_specs}
-        selected = list(self._named_later)
-        if self.options.whole_publication:
-            selected += published(cur, self.options.publication)
-        return sorted({t for t in selected if t not in have})
+        return sorted({t for t in (*self._named_later, *listed) if t not in have})
+
+    def _follow_removals(self, cur: Any, listed: Sequence[TableName]) -> None:
+        """Record each table read that left the publication, at the WAL insert position read
+        after ``listed`` (:mod:`~reclock.sources.postgres.leaving`); one that left and is back is
+        a definite error. A table ``tables`` names is the definition's own, added by the source."""
+        now = set(listed)
+        for spec in self._read_specs:
+            left = self.left.get(spec.output)
+            if spec.table in now:
+                if left is not None:
+                    raise came_back(left, self.options.publication)
+                continue
+            if left is not None or spec.table in self.options.tables:
+                continue
+            cur.execute("SELECT pg_current_wal_insert_lsn()")
+            left = Left(spec.table, spec.output, parse_lsn(cur.fetchone()[0]))
+            record_left(self.state, left)
+            self.left[spec.output] = left
+            log.warning(
+                "table %s left publication %s: output %s keeps its rows and stops at LSN %s",
+                spec.table.qualified,
+                self.options.publication,
+                spec.output,
+                lsn_text(left.lsn),
+            )
+
+    def warnings(self) -> Sequence[str]:
+        """The tables that left the publication (``reclock status`` shows them)."""
+        return [
+            f"table {left.table.qualified} left publication {self.options.publication}: "
+            f"output {left.output} stopped at LSN {lsn_text(left.lsn)}"
+            for left in self.left.values()
+        ]
 
     def _join(self, table: TableName) -> None:
         """Copy a joining table (:func:`~reclock.sources.postgres.joining.capture_join`); it is
