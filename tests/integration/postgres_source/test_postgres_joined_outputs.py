@@ -142,3 +142,21 @@ def test_an_output_that_can_never_exist_is_refused_at_create(postgres, tmp_path)
     with pytest.raises(ConfigError, match=r"^pg\.toml: outputs\.big\.from: the source has no output 'orders'"):
         shape = '[outputs.big]\nfrom = "orders"\nsql = "SELECT 1 AS x FROM input"\n'
         _definition(postgres, db, tmp_path, ["a", "*"], shape)
+
+
+def test_the_guides_joining_outputs_are_a_definition_create_takes(postgres, tmp_path):
+    """The guide's TOML for outputs of a table not joined yet, pointed at the test server."""
+    from tests.docs_blocks import blocks
+
+    guide = Path(__file__).resolve().parents[3] / "docs" / "sources" / "postgres.md"
+    (block,) = [b for b in blocks(guide) if b.lang == "toml" and "[outputs.public_loans]" in b.text]
+    db = "joinguide"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE checking (id int PRIMARY KEY, balance bigint)")
+    definition = tomllib.loads(block.text)
+    definition["source"]["dsn"] = postgres.dsn(db)
+    definition["pipeline"] = {"name": "bank", "lake": str(tmp_path / "lake"), "engine": "local"}
+    config = parse_config(definition, file="bank.toml")
+    lifecycle.create(config, file="bank.toml")
+    assert {s.name for s in config.shapes} == {"public_loans", "big_loans"}
+    assert config.layouts["public_loans"].schema_evolution == "add"
