@@ -23,7 +23,10 @@ Outputs: one per table, named ``<schema>_<table>``; ``upsert`` by the replica id
 (the primary key) or ``append`` change rows (see :mod:`~reclock.sources.postgres.changes`).
 A table the definition selects after the first start (``tables = ["*"]``: the publication's)
 joins: the probe copies it and it becomes an output at one binding
-(:mod:`~reclock.sources.postgres.joining`; the source :class:`~reclock.sources.base.GrowsOutputs`).
+(:mod:`~reclock.sources.postgres.joining`; the source :class:`~reclock.sources.base.GrowsOutputs`,
+and :class:`~reclock.sources.base.AwaitsOutputs`: a definition may configure such an output
+before it joins); one that leaves the publication stops its output
+(:mod:`~reclock.sources.postgres.leaving`).
 """
 
 from __future__ import annotations
