@@ -30,7 +30,7 @@ pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its 
 Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
 runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
 :class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks`,
-:class:`GrowsOutputs`, :class:`DistinctInserts` and, for the class, :class:`TakesContext`. A
+:class:`GrowsOutputs`, :class:`AwaitsOutputs`, :class:`DistinctInserts` and, for the class, :class:`TakesContext`. A
 source declares one by subclassing it (which also gives its defaults) or by having its members;
 any class may, a plugin as much as a built-in.
 """
@@ -48,6 +48,7 @@ from reclock.errors import ConfigError, ReclockError
 from reclock.timeline.frontier import OFFSET, PARTITION, Frontier, Offset, Partition
 
 __all__ = [
+    "AwaitsOutputs",
     "ERRORS",
     "ERRORS_SCHEMA",
     "LINEAGE_FIELDS",
@@ -425,6 +426,22 @@ class GrowsOutputs(Protocol):
 
     def joined_outputs(self) -> Sequence[JoinedOutput]:
         """The outputs joined so far, beyond :meth:`Source.outputs`; called on the driver after a probe."""
+        ...
+
+
+@runtime_checkable
+class AwaitsOutputs(Protocol):
+    """Says, before an output joins, whether one of a name may ever join (a :class:`GrowsOutputs`
+    source that follows something growing: the Postgres source with ``tables = [..., "*"]``).
+
+    A definition may then configure such an output before it exists (``[outputs.<name>]``: its
+    layout, its shaping and routes): ``create`` accepts the name, and the runtime applies what
+    the definition says when the output is born. A name no output can ever have is refused at
+    ``create`` as for any other source, so a typo is still caught where it can be.
+    """
+
+    def may_join(self, name: str) -> bool:
+        """Whether an output named ``name``, not among the source's outputs now, may join later."""
         ...
 
 

@@ -60,6 +60,7 @@ from reclock.job.secrets import conceal, expand, hidden
 from reclock.persist.layout import OutputLayout, layouts_to_dict, parse_layouts
 from reclock.persist.lease import DEFAULT_TTL_S
 from reclock.persist.store import check_storage_options
+from reclock.runtime.outputs import awaited_shapes
 from reclock.runtime.settings import Maintenance, Settings
 from reclock.runtime.shaping import Shape, route_outputs, shapes_from_toml, shapes_to_toml
 from reclock.runtime.windows import Window, parse_windows
@@ -376,9 +377,11 @@ def build_source(
 
 
 def check_shapes(config: PipelineConfig, source: Source, *, file: str | None = None) -> None:
-    """``[outputs]`` against the source's outputs, before anything is stored (see :func:`route_outputs`)."""
+    """``[outputs]`` against the source's outputs, before anything is stored (see :func:`route_outputs`);
+    those of an output that may join the source later are checked when it joins (:func:`awaited_shapes`)."""
+    outputs = {o.name: o for o in source.outputs()}
     try:
-        route_outputs({o.name: o for o in source.outputs()}, config.shapes)
+        route_outputs(outputs, awaited_shapes(source, outputs, config.shapes)[0])
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
 

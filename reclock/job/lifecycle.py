@@ -41,7 +41,7 @@ from reclock.persist.store import LakePath, Store
 from reclock.runtime import logs
 from reclock.runtime.health import Health
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
-from reclock.runtime.outputs import check_layouts, outputs_of
+from reclock.runtime.outputs import awaited_shapes, check_layouts, outputs_of
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
@@ -79,11 +79,12 @@ def create(
     source = build_source(config, created_at_ms=now(), file=file)
     check_shapes(config, source, file=file)
     try:  # against the outputs as the pipeline writes them: shaped, routed, and with _errors
-        outputs, _ = route_outputs(outputs_of(source), config.shapes)
+        declared = outputs_of(source)
+        outputs, _ = route_outputs(declared, awaited_shapes(source, declared, config.shapes)[0])
         check_windows(config.windows, list(outputs.values()))
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
-    check_layouts(source, config.layouts, file=file)
+    check_layouts(source, config.layouts, config.shapes, file=file)
     lake = lake_of(config, storage_options)
     path = lake.definition_path(config.name)
     definition = config.to_dict()

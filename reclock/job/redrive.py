@@ -49,6 +49,7 @@ from reclock.persist.lease import LeaseHeld
 from reclock.persist.read import read_table
 from reclock.persist.remap import Redrive, RemapTable
 from reclock.runtime.health import Health
+from reclock.runtime.outputs import awaited_shapes
 from reclock.runtime.redrives import NOT_REDRIVEN, UNREADABLE
 from reclock.runtime.shaping import TRANSFORM_ERROR, Route, route_outputs
 from reclock.sources.base import ERRORS
@@ -239,7 +240,7 @@ def _route_groups(lake: Lake, name: str, config: PipelineConfig, created_at: int
         outputs = {o.name: o for o in source.outputs()}
     finally:
         source.close()
-    _, routes = route_outputs(outputs, config.shapes)
+    _, routes = route_outputs(outputs, awaited_shapes(source, outputs, config.shapes)[0])
     return [{r.output for r in routes.get(o, (Route(o),))} for o in outputs if o != ERRORS]
 
 

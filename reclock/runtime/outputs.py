@@ -3,18 +3,25 @@ later, those a :class:`~reclock.sources.base.GrowsOutputs` source gains while it
 
 Checked when a pipeline is built, so a source that declares a bad output fails at ``create`` with
 one line naming it, never halfway through a batch; so are their layouts (``[outputs.<name>]``).
+
+What a definition says of an output that does not exist yet is *awaited*: accepted only for a
+source that says an output of that name may join (:class:`~reclock.sources.base.AwaitsOutputs`),
+kept aside (:func:`awaited_shapes`, the second value of :func:`layouts_of`), and applied when the
+output is born, checked then against its columns exactly as it would have been at ``create``.
+Any other unknown name is refused at ``create``, one line naming ``outputs.<name>``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 
 from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
 from reclock.persist.layout import OutputLayout, output_layouts
-from reclock.sources.base import ERRORS, ERRORS_SCHEMA, KeepsUnknownFields, Output, Source
+from reclock.runtime.shaping import Shape
+from reclock.sources.base import ERRORS, ERRORS_SCHEMA, AwaitsOutputs, KeepsUnknownFields, Output, Source
 
-__all__ = ["check_layouts", "joined_output", "layouts_of", "outputs_of"]
+__all__ = ["awaited_shapes", "check_layouts", "joined_output", "layouts_of", "outputs_of"]
 
 
 def outputs_of(source: Source) -> dict[str, Output]:
@@ -48,13 +55,44 @@ def _check(output: Output, outputs: Mapping[str, Output]) -> None:
         raise ConfigError("outputs", f"output {output.name!r}: key columns {missing} are not in its schema")
 
 
+def awaited_shapes(
+    source: Source, outputs: Collection[str], shapes: Sequence[Shape]
+) -> tuple[tuple[Shape, ...], tuple[Shape, ...]]:
+    """``shapes`` split into those of outputs the source has (resolved now) and those of an output
+    that may join it later (resolved at its birth); a shape of any other name stays with the
+    first, so that :func:`~reclock.runtime.shaping.route_outputs` refuses it naming its field."""
+    later = tuple(shape for shape in shapes if _may_join(source, outputs, shape.source_output))
+    return tuple(shape for shape in shapes if shape not in later), later
+
+
+def _may_join(source: Source, outputs: Collection[str], name: str) -> bool:
+    return (
+        isinstance(source, AwaitsOutputs)
+        and name not in outputs
+        and isinstance(name, str)
+        and not name.startswith("_")
+        and source.may_join(name)
+    )
+
+
 def layouts_of(
-    source: Source, outputs: Mapping[str, Output], layouts: Mapping[str, OutputLayout]
-) -> dict[str, OutputLayout]:
-    """``layouts`` checked against ``outputs``; a source whose outputs evolve their schema is asked
-    to keep the fields they do not declare, which only a :class:`KeepsUnknownFields` source can."""
-    checked = output_layouts(outputs, layouts)
-    evolving = sorted(name for name, layout in checked.items() if layout.schema_evolution != "none")
+    source: Source,
+    outputs: Mapping[str, Output],
+    layouts: Mapping[str, OutputLayout],
+    later: Sequence[Shape] = (),
+) -> tuple[dict[str, OutputLayout], dict[str, OutputLayout]]:
+    """``layouts`` checked against ``outputs``, and those awaited: of an output that may join the
+    source, or that a shape of ``later`` (:func:`awaited_shapes`) makes when its input joins,
+    checked when it is born. A source whose outputs evolve their schema is asked to keep the
+    fields they do not declare, which only a :class:`KeepsUnknownFields` source can."""
+    shaped_later = {shape.name for shape in later}
+    awaited = {
+        name: layout
+        for name, layout in layouts.items()
+        if name not in outputs and (name in shaped_later or _may_join(source, outputs, name))
+    }
+    checked = output_layouts(outputs, {name: layout for name, layout in layouts.items() if name not in awaited})
+    evolving = sorted(name for name, layout in {**checked, **awaited}.items() if layout.schema_evolution != "none")
     if evolving:
         if not isinstance(source, KeepsUnknownFields):
             raise ConfigError(
@@ -62,12 +100,16 @@ def layouts_of(
                 f"a {type(source).__name__} cannot report fields its outputs do not declare",
             )
         source.keep_unknown_fields(evolving)
-    return checked
+    return checked, awaited
 
 
-def check_layouts(source: Source, layouts: Mapping[str, OutputLayout], *, file: str | None = None) -> None:
-    """At ``create``: ``[outputs.<name>]`` names the source's outputs and suits their formats."""
+def check_layouts(
+    source: Source, layouts: Mapping[str, OutputLayout], shapes: Sequence[Shape] = (), *, file: str | None = None
+) -> None:
+    """At ``create``: ``[outputs.<name>]`` names the source's outputs and suits their formats, or
+    names an output that may join it (checked at its birth)."""
+    outputs = {o.name: o for o in source.outputs()}
     try:
-        layouts_of(source, {o.name: o for o in source.outputs()}, layouts)
+        layouts_of(source, outputs, layouts, awaited_shapes(source, outputs, shapes)[1])
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None

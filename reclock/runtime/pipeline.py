@@ -43,7 +43,7 @@ from reclock.errors import (
 )
 from reclock.persist.evolution import SchemaEvolutionError, refuse_new_fields
 from reclock.persist.lake import NAME_PATTERN, Lake, sink_id
-from reclock.persist.layout import OutputLayout
+from reclock.persist.layout import OutputLayout, output_layouts
 from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
@@ -52,14 +52,14 @@ from reclock.runtime.health import Health, after_batch
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
-from reclock.runtime.outputs import joined_output, layouts_of, outputs_of
+from reclock.runtime.outputs import awaited_shapes, joined_output, layouts_of, outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane, task_runner
 from reclock.runtime.planning import in_split_order, plan_batch, without_skips
 from reclock.runtime.redrives import redrive_splits
 from reclock.runtime.reports import FILTERED, BatchFailed, BatchReport, BatchState, filtered_json, ms_since
 from reclock.runtime.rows import output_rows
 from reclock.runtime.settings import Maintenance, Settings
-from reclock.runtime.shaping import Shape, route_outputs
+from reclock.runtime.shaping import Route, Shape, route_outputs
 from reclock.runtime.task import BatchPlan
 from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
@@ -113,8 +113,10 @@ class Pipeline:
         self._on_step = on_step or (lambda step: None)
         self._on_start: Callable[[BatchReport], None] = lambda report: None
         self._fence = fence or (lambda: None)
-        self.outputs, self.routes = route_outputs(outputs_of(source), shapes)
-        self.layouts = layouts_of(source, self.outputs, layouts or {})
+        declared = outputs_of(source)
+        shaped, self._awaited_shapes = awaited_shapes(source, declared, shapes)
+        self.outputs, self.routes = route_outputs(declared, shaped)
+        self.layouts, self._awaited_layouts = layouts_of(source, self.outputs, layouts or {}, self._awaited_shapes)
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
         self.sinks = {output.name: self._sink(output) for output in self.outputs.values()}
@@ -137,12 +139,16 @@ class Pipeline:
         each born at the binding ``T`` that first holds offset 0 of its partition.
 
         Called when the pipeline is built and before every batch is planned, so an output is born
-        before any batch reaching ``T`` runs. Step 1: the sink and its table. Step 2: an empty
-        commit labelled ``T - 1``, so the output's upper is ``T``: the resume frontier (the least
+        before any batch reaching ``T`` runs. Step 1: what the definition awaited for it (its
+        shaping and routes, the layouts of the outputs they make), checked against its columns as
+        ``create`` checks a declared output's: a definition that cannot apply is a definite error
+        naming its field, before anything of the output is written, so a corrected definition
+        applies at the next start. Step 2: the sinks and their tables. Step 3: an empty commit
+        labelled ``T - 1``, so each new output's upper is ``T``: the resume frontier (the least
         upper) is not dragged back to the start, and a read as of a time before ``T`` finds the
-        output empty. A crash between the two steps leaves a table at upper 0 that the next
-        call finishes (until then the readable upper is 0: nothing wrong is readable). A source
-        that has not bound the partition yet has an output that is not born yet: nothing happens.
+        output empty. A crash between steps 2 and 3 leaves a table at upper 0 that the next call
+        finishes (until then the readable upper is 0: nothing wrong is readable). A source that
+        has not bound the partition yet has an output that is not born yet: nothing happens.
         """
         if not isinstance(self.source, GrowsOutputs):
             return
@@ -153,17 +159,40 @@ class Pipeline:
             born = bindings.reclock(joined.partition, 0)
             if born is None:
                 continue
-            output = joined_output(joined.output, self.outputs)
-            # Step 1: the sink, its table created (or found, after a crash).
-            sink = self._sink(output)
-            # Step 2: its upper at the birth, by one empty labelled commit.
-            if sink.upper < born:
-                self._fence()
-                sink.commit([], born - 1, planned_upper=sink.upper)
-            self.outputs[output.name] = output
-            self.sinks[output.name] = sink
-            log.info("pipeline %s: output %s joined, born at %d", self.name, output.name, born)
-            self._on_step(f"born:{output.name}")
+            # Step 1: the outputs it makes, shaped and routed, with their layouts.
+            outputs, routes, layouts = self._awaited(joined_output(joined.output, self.outputs))
+            self.layouts.update(layouts)
+            for output in outputs.values():
+                # Step 2: the sink, its table created (or found, after a crash).
+                sink = self._sink(output)
+                # Step 3: its upper at the birth, by one empty labelled commit.
+                if sink.upper < born:
+                    self._fence()
+                    sink.commit([], born - 1, planned_upper=sink.upper)
+                self.outputs[output.name] = output
+                self.sinks[output.name] = sink
+                log.info("pipeline %s: output %s joined, born at %d", self.name, output.name, born)
+            self.routes.update(routes)
+            self._on_step(f"born:{joined.output.name}")
+
+    def _awaited(
+        self, output: Output
+    ) -> tuple[dict[str, Output], dict[str, tuple[Route, ...]], dict[str, OutputLayout]]:
+        """A joined ``output`` with what the definition awaited for it: the outputs it lands in
+        (itself, shaped or not, and those its routes make), its routes, and their layouts."""
+        shapes = [shape for shape in self._awaited_shapes if shape.source_output == output.name]
+        try:
+            outputs, routes = route_outputs({output.name: output}, shapes)
+            taken = [name for name in outputs if name in self.outputs]
+            if taken:
+                raise ConfigError(f"outputs.{taken[0]}", "is an output already")
+            layouts = {name: self._awaited_layouts[name] for name in outputs if name in self._awaited_layouts}
+            output_layouts(outputs, layouts)
+        except ConfigError as exc:
+            raise DefiniteSourceError(
+                f"{exc} (output {output.name!r} joined the source; correct the definition: reclock create --replace)"
+            ) from None
+        return outputs, routes, layouts
 
     # -- progress ------------------------------------------------------------------------------
 

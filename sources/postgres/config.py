@@ -19,7 +19,15 @@ from typing import Literal
 
 from reclock.errors import ConfigError
 
-__all__ = ["ENVELOPES", "WHOLE_PUBLICATION", "PostgresOptions", "TableName", "output_name", "slot_name"]
+__all__ = [
+    "ENVELOPES",
+    "WHOLE_PUBLICATION",
+    "PostgresOptions",
+    "TableName",
+    "may_name_a_table",
+    "output_name",
+    "slot_name",
+]
 
 ENVELOPES = ("upsert", "append")
 #: A ``tables`` entry that names every table of the publication, those joining it later too.
@@ -56,6 +64,14 @@ class TableName:
 def output_name(table: TableName) -> str:
     """The output a table lands in: ``<schema>_<table>`` (output names are identifiers)."""
     return f"{table.schema}_{table.name}"
+
+
+_OUTPUT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*_[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def may_name_a_table(output: str) -> bool:
+    """Whether ``output`` is :func:`output_name` of some table (``orders`` is not: no schema)."""
+    return bool(_OUTPUT.match(output))
 
 
 def slot_name(pipeline: str) -> str:

@@ -188,22 +188,36 @@ def capture_join(
 
 class JoinedBatches(ChangeBatches):
     """:class:`ChangeBatches` that drops each joined table's changes committed below its copy's
-    consistent point (``joined_at``: output -> ``C``): the copy holds them."""
+    consistent point (``joined_at``: output -> ``C``): the copy holds them; and each table's that
+    left the publication committed at or after its removal was noticed (``left_at``: output ->
+    ``M``, :mod:`~reclock.sources.postgres.leaving`): its output stopped there."""
 
     def __init__(
-        self, specs: Sequence[TableSpec], envelope: str, partition: str, *, joined_at: Mapping[str, int], **options: Any
+        self,
+        specs: Sequence[TableSpec],
+        envelope: str,
+        partition: str,
+        *,
+        joined_at: Mapping[str, int],
+        left_at: Mapping[str, int] | None = None,
+        **options: Any,
     ) -> None:
         super().__init__(specs, envelope, partition, **options)
         self.joined_at = dict(joined_at)
+        self.left_at = dict(left_at or {})
 
     def takes_columns(self, output: str) -> bool:
         """Not a table whose changes may need dropping: :meth:`transaction` drops them, by the
         commit LSN of each (a range starting at or past every copy's point has none such)."""
-        return output not in self.joined_at and super().takes_columns(output)
+        return output not in self.joined_at and output not in self.left_at and super().takes_columns(output)
 
     def transaction(
         self, offset: int, lsn: int, xid: int | None, changes: Sequence[tuple[str, Change]]
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
-        if self.joined_at:
-            changes = [(output, change) for output, change in changes if self.joined_at.get(output, 0) <= lsn]
+        if self.joined_at or self.left_at:
+            changes = [
+                (output, change)
+                for output, change in changes
+                if self.joined_at.get(output, 0) <= lsn < self.left_at.get(output, lsn + 1)
+            ]
         yield from super().transaction(offset, lsn, xid, changes)

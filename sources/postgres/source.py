@@ -23,7 +23,10 @@ Outputs: one per table, named ``<schema>_<table>``; ``upsert`` by the replica id
 (the primary key) or ``append`` change rows (see :mod:`~reclock.sources.postgres.changes`).
 A table the definition selects after the first start (``tables = ["*"]``: the publication's)
 joins: the probe copies it and it becomes an output at one binding
-(:mod:`~reclock.sources.postgres.joining`; the source :class:`~reclock.sources.base.GrowsOutputs`).
+(:mod:`~reclock.sources.postgres.joining`; the source :class:`~reclock.sources.base.GrowsOutputs`,
+and :class:`~reclock.sources.base.AwaitsOutputs`: a definition may configure such an output
+before it joins); one that leaves the publication stops its output
+(:mod:`~reclock.sources.postgres.leaving`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError
 from reclock.sources.base import (
+    AwaitsOutputs,
     DistinctInserts,
     GrowsOutputs,
     JoinedOutput,
@@ -60,7 +64,7 @@ from reclock.sources.postgres.catalog import (
 from reclock.sources.postgres.changes import ChangeBatches
 from reclock.sources.postgres.chunks import chunk_batches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
-from reclock.sources.postgres.config import PostgresOptions, TableName, slot_name
+from reclock.sources.postgres.config import PostgresOptions, TableName, may_name_a_table, slot_name
 from reclock.sources.postgres.joining import (
     Joined,
     JoinedBatches,
@@ -69,6 +73,7 @@ from reclock.sources.postgres.joining import (
     load_joins,
     published,
 )
+from reclock.sources.postgres.leaving import Left, came_back, load_left, record_left
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
 from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
 from reclock.sources.postgres.state import StateFolder
@@ -96,7 +101,7 @@ class RangeSplit(Split):
     """The transactions committed in ``[start, end)``, read from the slot."""
 
 
-class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
+class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
     """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
 
     #: Rows per Arrow batch a read yields (bounded memory per task).
@@ -162,6 +167,8 @@ class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
         self._unique = frozenset(
             spec.output for spec in self.specs if spec.output in live and spec.key == live[spec.output].key
         )
+        #: Tables that left the publication (:mod:`~reclock.sources.postgres.leaving`), by output.
+        self.left: dict[str, Left] = load_left(self.state)
         self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
 
@@ -195,10 +202,16 @@ class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
         (:mod:`~reclock.sources.postgres.joining`)."""
         return [JoinedOutput(j.spec.as_output(self.options.envelope), j.partition) for j in self.joins]
 
+    def may_join(self, name: str) -> bool:
+        """:class:`~reclock.sources.base.AwaitsOutputs`: with ``"*"``, any ``<schema>_<table>``
+        name may join (a table added to the publication later); with a list, none."""
+        return self.options.whole_publication and may_name_a_table(name)
+
     def keep_unknown_fields(self, outputs: Sequence[str]) -> None:
-        """Columns added to these outputs' tables go on as unknown fields (``schema_evolution``)."""
-        known = {spec.output for spec in self.specs}
-        unknown = [name for name in outputs if name not in known]
+        """Columns added to these outputs' tables go on as unknown fields (``schema_evolution``);
+        also of an output that may join later (:meth:`may_join`), from its copy on."""
+        known = {spec.output for spec in self._read_specs}
+        unknown = [name for name in outputs if name not in known and not self.may_join(name)]
         if unknown:
             raise ConfigError(f"outputs.{unknown[0]}.schema_evolution", f"the source has no output {unknown[0]!r}")
         self._unknown = frozenset(outputs)
@@ -212,7 +225,10 @@ class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
-                joining = self._joining(cur)
+                listed = published(cur, self.options.publication) if self.options.whole_publication else None
+                joining = self._joining(listed or [])
+                if listed is not None:
+                    self._follow_removals(cur, listed)
         finally:
             conn.close()
         for table in joining:
@@ -373,18 +389,50 @@ class PostgresSource(SourceBase, GrowsOutputs, DistinctInserts):
             self.options.envelope,
             encode_partition(partition),
             joined_at={j.spec.output: j.consistent_lsn for j in self.joins if j.consistent_lsn > start},
+            left_at={output: left.lsn for output, left in self.left.items()},
             flush_rows=self.flush_rows,
             fail=self.on_record_error == "fail",
             unknown=self._unknown,
         )
 
-    def _joining(self, cur: Any) -> list[TableName]:
-        """The tables the definition selects now that are neither initial nor joined yet."""
+    def _joining(self, listed: Sequence[TableName]) -> list[TableName]:
+        """The tables the definition selects now (``listed``: the publication's, with ``"*"``)
+        that are neither initial nor joined yet."""
         have = {s.table for s in self._read_specs}
-        selected = list(self._named_later)
-        if self.options.whole_publication:
-            selected += published(cur, self.options.publication)
-        return sorted({t for t in selected if t not in have})
+        return sorted({t for t in (*self._named_later, *listed) if t not in have})
+
+    def _follow_removals(self, cur: Any, listed: Sequence[TableName]) -> None:
+        """Record each table read that left the publication, at the WAL insert position read
+        after ``listed`` (:mod:`~reclock.sources.postgres.leaving`); one that left and is back is
+        a definite error. A table ``tables`` names is the definition's own, added by the source."""
+        now = set(listed)
+        for spec in self._read_specs:
+            left = self.left.get(spec.output)
+            if spec.table in now:
+                if left is not None:
+                    raise came_back(left, self.options.publication)
+                continue
+            if left is not None or spec.table in self.options.tables:
+                continue
+            cur.execute("SELECT pg_current_wal_insert_lsn()")
+            left = Left(spec.table, spec.output, parse_lsn(cur.fetchone()[0]))
+            record_left(self.state, left)
+            self.left[spec.output] = left
+            log.warning(
+                "table %s left publication %s: output %s keeps its rows and stops at LSN %s",
+                spec.table.qualified,
+                self.options.publication,
+                spec.output,
+                lsn_text(left.lsn),
+            )
+
+    def warnings(self) -> Sequence[str]:
+        """The tables that left the publication (``reclock status`` shows them)."""
+        return [
+            f"table {left.table.qualified} left publication {self.options.publication}: "
+            f"output {left.output} stopped at LSN {lsn_text(left.lsn)}"
+            for left in self.left.values()
+        ]
 
     def _join(self, table: TableName) -> None:
         """Copy a joining table (:func:`~reclock.sources.postgres.joining.capture_join`); it is

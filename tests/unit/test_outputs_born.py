@@ -11,8 +11,10 @@ import pytest
 
 from reclock.persist.asof import read_as_of
 from reclock.persist.lake import Lake, sink_id
+from reclock.persist.layout import OutputLayout
 from reclock.runtime.pipeline import Pipeline
-from reclock.sources.base import GrowsOutputs, JoinedOutput, Output
+from reclock.runtime.shaping import Shape
+from reclock.sources.base import AwaitsOutputs, GrowsOutputs, JoinedOutput, Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 
 CLICKS = pa.schema([("user", pa.int64())])
@@ -90,3 +92,78 @@ def test_a_crash_around_a_birth_converges(tmp_path, crash):
     assert _labels(tmp_path, "late") == [1999, 2000]
     assert sorted(read_as_of(tmp_path, "pipe", 2000)["late"].column("page").to_pylist()) == ["a", "b"]
     assert read_as_of(tmp_path, "pipe", 2000)["clicks"].num_rows == 1
+
+
+#: What a definition says of ``late`` before it joins: shaped in place, routed to ``late_upper``.
+LAYOUTS = {"late": OutputLayout(partition_by=("page",)), "late_upper": OutputLayout(partition_by=("shout",))}
+SHAPES = [
+    Shape("late", sql="SELECT page FROM input WHERE page <> 'skip'"),
+    Shape("late_upper", input="late", sql="SELECT upper(page) AS shout FROM input"),
+]
+
+
+class Awaiting(Growing):
+    """:class:`Growing` that says, before it joins, that ``late`` may join (and no other name)."""
+
+    def may_join(self, name: str) -> bool:
+        return name == "late"
+
+
+def test_a_joined_output_takes_the_layout_shaping_and_routes_the_definition_awaited(tmp_path):
+    from deltalake import DeltaTable
+
+    clock = FakeClock(1000)
+    source = Awaiting()
+    assert isinstance(source, AwaitsOutputs)
+    source.append(0, "clicks", [{"user": 1}])
+    pipeline = Pipeline(
+        "pipe",
+        tmp_path,
+        source,
+        now=clock,
+        layouts=LAYOUTS,
+        shapes=SHAPES,
+    )
+    pipeline.step()
+    assert "late" not in pipeline.sinks and "late_upper" not in pipeline.sinks
+    clock.ms = 2000
+    source.grow(["a", "skip"])
+    pipeline.step()
+    late = DeltaTable(str(Lake.at(tmp_path).output_path("pipe", "late")))
+    assert late.metadata().partition_columns == ["page"]
+    assert late.to_pyarrow_table().column("page").to_pylist() == ["a"]  # the shape's WHERE
+    routed = DeltaTable(str(Lake.at(tmp_path).output_path("pipe", "late_upper")))
+    assert routed.metadata().partition_columns == ["shout"]
+    assert sorted(routed.to_pyarrow_table().column("shout").to_pylist()) == ["A", "SKIP"]
+    assert _labels(tmp_path, "late_upper") == [1999, 2000]  # born with the output it routes
+    # A restart finds them born, with the same layout and shaping.
+    clock.ms = 3000
+    source.append("late-p", "late", [{"page": "c"}])
+    again = Pipeline(
+        "pipe",
+        tmp_path,
+        source,
+        now=clock,
+        layouts=LAYOUTS,
+        shapes=SHAPES,
+    )
+    again.step()
+    assert sorted(read_as_of(tmp_path, "pipe", 3000)["late_upper"].column("shout").to_pylist()) == ["A", "C", "SKIP"]
+
+
+def test_what_no_output_can_ever_be_named_is_refused_and_a_bad_awaited_layout_fails_at_the_birth(tmp_path):
+    from reclock.errors import ConfigError, DefiniteSourceError
+
+    with pytest.raises(ConfigError, match=r"^outputs\.lat: the source has no output 'lat'"):
+        Pipeline("pipe", tmp_path, Awaiting(), layouts={"lat": OutputLayout(partition_by=("page",))})
+    with pytest.raises(ConfigError, match=r"^outputs\.late: the source has no output 'late'"):
+        Pipeline("pipe", tmp_path, Growing(), layouts={"late": OutputLayout(partition_by=("page",))})
+    clock = FakeClock(1000)
+    source = Awaiting()
+    pipeline = Pipeline("pipe", tmp_path, source, now=clock, layouts={"late": OutputLayout(partition_by=("nope",))})
+    pipeline.step()
+    clock.ms = 2000
+    source.grow(["a"])
+    with pytest.raises(DefiniteSourceError, match=r"^outputs\.late\.partition_by: 'nope' is neither"):
+        pipeline.step()
+    assert not Lake.at(tmp_path).output_path("pipe", "late").exists()  # nothing of it written

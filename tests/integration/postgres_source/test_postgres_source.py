@@ -272,7 +272,7 @@ def test_the_guides_definition_creates_a_pipeline(postgres, tmp_path):
         "CREATE TABLE nokey (v int)",
     )
     text = GUIDE.read_text()
-    (example,) = re.findall(r"```toml\n(.*?)```", text, re.DOTALL)
+    (example,) = re.findall(r"## A first pipeline\n.*?```toml\n(.*?)```", text, re.DOTALL)
     definition = tomllib.loads(example)
     definition["source"]["dsn"] = postgres.dsn(db)
     config = parse_config(definition)
