@@ -139,6 +139,13 @@ class Split:
         records are numbered finer than its binding. ``None``: each at its own offset."""
         return None
 
+    @property
+    def size(self) -> int:
+        """How much work the split is, in records or offsets: what a data plane weighs it by (a
+        batch too small to pay a Spark job, tasks of like load). Its offsets, unless one offset
+        stands for many records, as a snapshot chunk does (one offset, a hundred thousand rows)."""
+        return self.end - self.start
+
 
 @runtime_checkable
 class Source(Protocol):

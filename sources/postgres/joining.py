@@ -51,13 +51,13 @@ from typing import Any
 import pyarrow as pa
 
 from reclock.errors import ConfigError, DefiniteSourceError
-from reclock.sources.base import Split, TaskRunner
+from reclock.sources.base import TaskRunner
 from reclock.sources.postgres.catalog import TableSpec, describe, spec_json, spec_of_json
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import connect, server_errors
 from reclock.sources.postgres.config import TableName
 from reclock.sources.postgres.pgoutput import parse_lsn
-from reclock.sources.postgres.snapshot import CHUNKS, Chunk, copied, copy_chunk, plan_chunks
+from reclock.sources.postgres.snapshot import CHUNKS, Chunk, ChunkOffset, copied, copy_chunk, plan_chunks
 from reclock.sources.postgres.state import StateFolder
 
 __all__ = [
@@ -109,11 +109,8 @@ class Joined:
 
 
 @dataclass(frozen=True)
-class JoinedChunkSplit(Split):
+class JoinedChunkSplit(ChunkOffset):
     """Chunk ``start`` of a joined table's copy (partition :func:`snapshot_partition`)."""
-
-    chunk: Chunk | None = None
-    consistent_lsn: int = 0
 
 
 def load_joins(state: StateFolder | None) -> tuple[Joined, ...]:

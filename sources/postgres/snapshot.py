@@ -43,14 +43,25 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from reclock.errors import DefiniteSourceError
-from reclock.sources.base import TaskRunner
+from reclock.sources.base import Split, TaskRunner
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.chunks import typed_chunk
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.state import StateFolder
 
-__all__ = ["Chunk", "ChunkTask", "Manifest", "capture", "copied", "copy_chunk", "load", "plan_chunks", "read_chunk"]
+__all__ = [
+    "Chunk",
+    "ChunkOffset",
+    "ChunkTask",
+    "Manifest",
+    "capture",
+    "copied",
+    "copy_chunk",
+    "load",
+    "plan_chunks",
+    "read_chunk",
+]
 
 MANIFEST = "snapshot.json"
 CHUNKS = "chunks"
@@ -63,6 +74,21 @@ class Chunk:
     output: str
     file: str
     rows: int
+
+
+@dataclass(frozen=True)
+class ChunkOffset(Split):
+    """A split of one captured chunk, at its offset (the chunk's index), with the slot's point it
+    was copied at: of the snapshot or of a joined table's copy."""
+
+    chunk: Chunk | None = None
+    consistent_lsn: int = 0
+
+    @property
+    def size(self) -> int:
+        """Its rows: a chunk is one offset, and its work is its rows (a batch of five chunks of
+        100,000 rows is no small batch for a data plane)."""
+        return self.chunk.rows if self.chunk is not None else 1
 
 
 @dataclass(frozen=True)

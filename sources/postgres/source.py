@@ -75,7 +75,7 @@ from reclock.sources.postgres.joining import (
 )
 from reclock.sources.postgres.leaving import Left, came_back, load_left, record_left
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
-from reclock.sources.postgres.snapshot import Chunk, Manifest, capture, load, read_chunk
+from reclock.sources.postgres.snapshot import Chunk, ChunkOffset, Manifest, capture, load, read_chunk
 from reclock.sources.postgres.state import StateFolder
 from reclock.sources.postgres.stream import read_range
 from reclock.timeline.frontier import Frontier, Partition, encode_partition
@@ -89,11 +89,8 @@ WAL = "wal"
 
 
 @dataclass(frozen=True)
-class ChunkSplit(Split):
+class ChunkSplit(ChunkOffset):
     """One captured snapshot chunk (offset ``start`` = the chunk's index)."""
-
-    chunk: Chunk | None = None
-    consistent_lsn: int = 0
 
 
 @dataclass(frozen=True)

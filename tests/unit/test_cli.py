@@ -196,6 +196,34 @@ def test_small_batches_run_in_the_driver_and_large_ones_on_the_other_plane(tmp_p
     assert config.small_batch_offsets == 0
 
 
+def test_a_snapshot_chunk_weighs_its_rows_not_its_one_offset():
+    """A snapshot batch is a few offsets (one a chunk) of many rows: by offsets it would always
+    land in the driver, a table of any size; by rows a large one goes to Spark, a small one stays,
+    and tasks are balanced by rows (the last chunk of a table is the short one)."""
+    from reclock.runtime.planes import AutoDataPlane, _pack
+    from reclock.sources.postgres.snapshot import Chunk
+    from reclock.sources.postgres.source import WAL, ChunkSplit
+
+    class Recording:
+        def __init__(self) -> None:
+            self.batches: list[int] = []
+
+        def run(self, plan, splits):
+            self.batches.append(len(splits))
+            return []
+
+    def chunks(*rows: int) -> list[ChunkSplit]:
+        return [ChunkSplit(WAL, i, i + 1, Chunk("public_t", f"c{i}", n), 99) for i, n in enumerate(rows)]
+
+    spark, local = Recording(), Recording()
+    plane = AutoDataPlane(spark, local, small_batch_offsets=20_000)
+    plane.run(None, chunks(100_000, 100_000, 100_000, 100_000, 30_000))
+    plane.run(None, chunks(15_000, 4_000))
+    assert spark.batches == [5] and local.batches == [2]
+    groups = _pack(chunks(100_000, 50_000, 50_000), 2)
+    assert sorted(sum(s.size for s in group) for group in groups) == [100_000, 100_000]
+
+
 # -- mistakes end in one line naming the field, never a traceback ---------------------------------
 
 
