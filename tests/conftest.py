@@ -29,7 +29,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["pytester"]  # tests/unit/test_lanes.py runs the lane machinery in a throwaway session
+pytest_plugins = [
+    "pytester",  # tests/unit/test_lanes.py runs the lane machinery in a throwaway session
+    "tests.cpu_report",  # RECLOCK_TEST_CPU=<file>: CPU seconds per test (docs/reliability.md)
+]
 
 settings.register_profile("reclock", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("reclock")
