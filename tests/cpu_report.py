@@ -82,7 +82,8 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
     wall = time.monotonic() - wall_before
     self_after, reaped_after = _own()
     tree_after = _descendants_cpu()
-    tree = sum(cpu - tree_before.get(pid, 0.0) for pid, cpu in tree_after.items())
+    # A descendant that ended meanwhile is in ``reaped`` (or its reaper's own children's CPU) whole.
+    tree = sum(tree_after.values()) - sum(tree_before.values())
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     line = (
         f"{item.nodeid}\t{worker}\t{wall:.2f}\t{self_after - self_before:.2f}"
