@@ -15,8 +15,10 @@ and each xdist worker) appends one tab-separated line per test to that file:
   own reaped children used.
 
 Each test's span covers its setup, call and teardown, so a session fixture's start-up is charged
-to the first test that needs it. ``sort -t$'\\t' -k4,4nr`` ranks by CPU. Off by default: the
-``/proc`` walk costs a few ms a test. See docs/reliability.md, "How long it takes".
+to the first test that needs it, and the session's teardown to the last. A process whose parent
+ended first (the JVM of a ``reclock start`` on Spark) is reparented to init and counted nowhere:
+``/proc/stat`` around the run shows that part. ``sort -t$'\\t' -k4,4nr`` ranks by CPU. Off by
+default: the ``/proc`` walk costs a few ms a test. See docs/reliability.md, "How long it takes".
 """
 
 from __future__ import annotations
