@@ -29,7 +29,20 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-pytest_plugins = ["pytester"]  # tests/unit/test_lanes.py runs the lane machinery in a throwaway session
+pytest_plugins = [
+    "pytester",  # tests/unit/test_lanes.py runs the lane machinery in a throwaway session
+    "tests.cpu_report",  # RECLOCK_TEST_CPU=<file>: CPU seconds per test (docs/reliability.md)
+]
+
+#: The JVMs the tests start (the Spark session, each ``reclock start`` on Spark, the standalone
+#: cluster's master and workers) compile with C1 only. Most of a JVM's CPU in these short runs is
+#: C2 compiling code it will not run long enough to gain from: one Spark session's start took
+#: 21.4 CPU-s with C2 and 12.3 without on the 2-core development machine, and the suite starts
+#: dozens, uncounted by ``time`` (an exiting driver leaves its JVM to init). A Spark plan runs the
+#: same either way; only its speed differs. Inherited by every subprocess; a caller's own wins.
+JIT = "-XX:TieredStopAtLevel=1"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", JIT)  # a driver JVM, by spark-submit (pyspark's too)
+os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", JIT)  # a standalone master or worker, by spark-class
 
 settings.register_profile("reclock", deadline=None, max_examples=100, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("reclock")

@@ -11,6 +11,7 @@ pid; a worker stopping kills the executors it launched.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -106,6 +107,9 @@ class StandaloneCluster:
         log = open(self.folder / f"{name}.log", "wb")  # noqa: SIM115 - the process writes it until it stops
         env = clean_env(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(self.folder))
         env["SPARK_LOG_DIR"] = str(self.folder)
+        # A worker's executors are JVMs it starts with its own environment: they compile with C1
+        # only, like the suite's other JVMs (tests/conftest.py), their "Picked up" line in their logs.
+        env["JAVA_TOOL_OPTIONS"] = env.get("JAVA_TOOL_OPTIONS", os.environ.get("SPARK_DAEMON_JAVA_OPTS", ""))
         process = subprocess.Popen(
             [str(SPARK_HOME / "bin" / "spark-class"), main_class, "--host", "127.0.0.1", *args],
             stdout=log,
