@@ -105,9 +105,10 @@ def split_unplaceable(table: pa.Table, partition_by: tuple[str, ...], errors: pa
     return table.filter(pa.array(keep)), output_rows(reasons, bad.column(INTO_TS).combine_chunks(), errors)
 
 
-def output_rows(batch: pa.RecordBatch, into: np.ndarray | pa.Array, schema: pa.Schema) -> pa.Table:
-    """A reader's batch as rows of its output table: stamped with ``_into_ts``, in the table's
-    column order and types. A batch missing a column of its output is a broken source."""
+def output_rows(batch: pa.RecordBatch | pa.Table, into: np.ndarray | pa.Array, schema: pa.Schema) -> pa.Table:
+    """A reader's batch, or a transform's rows, as rows of its output table: stamped with
+    ``_into_ts`` (and ``_into_date`` where the table has it), in the table's column order and
+    types. A batch missing a column of its output is a broken source."""
     columns = []
     for target in schema:
         if target.name == INTO_TS:

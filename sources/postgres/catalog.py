@@ -1,6 +1,7 @@
 """What the server says about the source's tables: columns, types, keys, replica identity.
 
-Read when the source is built (on the driver), into picklable :class:`TableSpec` values that
+Read when the source is built (on the driver; a joining table at its copy, under the copy's
+snapshot, :mod:`~reclock.sources.postgres.joining`), into picklable :class:`TableSpec` values that
 travel to the readers: a reader checks every ``Relation`` message against its table's spec, so a
 definition that changed under the pipeline is a definite error naming the table and the column
 (dropped, or retyped to what the output cannot hold), never rows in the wrong columns; a column

@@ -196,6 +196,11 @@ class ChangeBatches:
             waiting[output].runs.append((offset, lsn, xid, count))
         yield from self._flush(full_only=True)
 
+    def drops(self, output: str, lsn: int) -> bool:
+        """Whether ``output``'s changes of the transaction committed at ``lsn`` are dropped (a
+        reader then does not check the table's definition they came under): none here."""
+        return False
+
     def takes_columns(self, output: str) -> bool:
         """Whether :meth:`columns` can take ``output``'s changes: an ``upsert`` output whose
         unknown fields are not kept (every other output takes :meth:`transaction`)."""

@@ -14,13 +14,19 @@ creates a **temporary** slot with ``EXPORT_SNAPSHOT``: its snapshot sees exactly
 whose commit LSN is below ``C``, and those at or after ``C`` are streamed by the pipeline's slot
 (``C`` is after ``J``). The table is cut into chunks copied by the pipeline's tasks with the
 initial snapshot's machinery (:func:`~reclock.sources.postgres.snapshot.copy_chunk`), and the
-manifest ``joins/<output>.json`` (the table's spec as described then, ``C``, the chunks) is
-written **last**. The temporary slot goes with its connection, also when the process dies. A
-crash before the manifest bound nothing: the next probe copies again at a new ``C`` (the files of
-the dead attempt are deleted first; a late task of it writes a file no manifest names).
+manifest ``joins/<output>.json`` (the table's spec as the snapshot sees it, ``C``, the chunks) is
+written **last**. The spec is read under the snapshot, so it is the definition of the copy's rows:
+columns added, dropped or retyped before ``C`` are simply the output's. The temporary slot goes
+with its connection, also when the process dies. A crash before the manifest bound nothing: the
+next probe copies again at a new ``C`` (the files of the dead attempt are deleted first; a late
+task of it writes a file no manifest names).
 
 **The stream below ``C`` is skipped.** The snapshot holds every change of the table committed
 below ``C``; the reader drops them (:class:`JoinedBatches`), and keeps those at or after ``C``.
+Those below ``C`` may come under an older definition of the table than the spec's: their
+``Relation`` is no error (:meth:`JoinedBatches.drops`); from ``C`` on the table's changes meet
+the rules of every table (an added column follows ``schema_evolution``, a dropped or retyped one
+is a definite error naming the table).
 This is exact because the output holds nothing before the binding it is born at (below).
 
 **Bound at one binding.** The chunks are partition ``snapshot:<schema.table>``, offsets the chunk
@@ -150,17 +156,7 @@ def capture_join(
         if name.startswith(f"{_ATTEMPT}-") and name.endswith(output):
             state.delete(f"{CHUNKS}/{name}")
     with server_errors(slot, publication):
-        # Step 2: the table as it is now: the output is made for this spec, pinned in the manifest.
-        plain = connect(dsn)
-        try:
-            with plain.cursor() as cur:
-                try:
-                    (spec,) = describe(cur, [table], envelope)
-                except ConfigError as exc:
-                    raise DefiniteSourceError(f"table {table.qualified} joined the publication: {exc.reason}") from None
-        finally:
-            plain.close()
-        # Step 3: a temporary slot exports the snapshot at C; its connection stays open (and runs
+        # Step 2: a temporary slot exports the snapshot at C; its connection stays open (and runs
         # nothing else) until every task joined the snapshot, then the slot goes with it.
         exporting = connect(dsn, replication=True)
         try:
@@ -169,6 +165,9 @@ def capture_join(
                 cur.execute(f"CREATE_REPLICATION_SLOT {temporary} TEMPORARY LOGICAL pgoutput EXPORT_SNAPSHOT")
                 _, consistent_point, snapshot_name, _ = cur.fetchone()
             consistent = parse_lsn(consistent_point)
+            # Step 3: the table as the snapshot sees it: the columns of the copy's rows, which the
+            # output is made for and the manifest pins, whatever changed since it joined.
+            spec = _described_at(dsn, snapshot_name, table, envelope)
             attempt = f"{_ATTEMPT}-{consistent:016X}"
             tasks = plan_chunks(dsn, slot, publication, snapshot_name, attempt, [spec], state, chunk_pages)
             # Step 4: the chunks, copied by tasks.
@@ -181,6 +180,26 @@ def capture_join(
     joined = Joined(spec, consistent, tuple(chunks))
     state.write_bytes(f"{JOINS}/{spec.output}.json", joined.to_json().encode())
     return joined
+
+
+def _described_at(dsn: str, snapshot: str, table: TableName, envelope: str) -> TableSpec:
+    """``table``'s spec in the exported ``snapshot``: its catalog rows are read under the snapshot
+    the copy's rows are, so a column added, dropped or retyped before ``C`` is the output's as the
+    copy has it, and one changed at or after ``C`` reaches the stream as for any table."""
+    conn = connect(dsn)
+    try:
+        conn.autocommit = False
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
+            try:
+                (spec,) = describe(cur, [table], envelope)
+            except ConfigError as exc:
+                raise DefiniteSourceError(f"table {table.qualified} joined the publication: {exc.reason}") from None
+        conn.rollback()
+    finally:
+        conn.close()
+    return spec
 
 
 class JoinedBatches(ChangeBatches):
@@ -208,13 +227,13 @@ class JoinedBatches(ChangeBatches):
         commit LSN of each (a range starting at or past every copy's point has none such)."""
         return output not in self.joined_at and output not in self.left_at and super().takes_columns(output)
 
+    def drops(self, output: str, lsn: int) -> bool:
+        """Below ``output``'s copy, or at or after its removal."""
+        return not self.joined_at.get(output, 0) <= lsn < self.left_at.get(output, lsn + 1)
+
     def transaction(
         self, offset: int, lsn: int, xid: int | None, changes: Sequence[tuple[str, Change]]
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
         if self.joined_at or self.left_at:
-            changes = [
-                (output, change)
-                for output, change in changes
-                if self.joined_at.get(output, 0) <= lsn < self.left_at.get(output, lsn + 1)
-            ]
+            changes = [(output, change) for output, change in changes if not self.drops(output, lsn)]
         yield from super().transaction(offset, lsn, xid, changes)

@@ -28,8 +28,10 @@ skipped undecoded.
 A ``Relation`` message (sent before a table's first change in a session, and again after its
 definition changed) is matched with the table's spec by column name: a column of the output
 missing (dropped, renamed) or of another type than the output holds is a definite error naming
-the table and the column; columns added come after the output's in each change's rows, named
-(:class:`~reclock.sources.postgres.changes.Change`), for the output's ``schema_evolution``.
+the table and the column (except in a transaction whose changes of the table the reader drops:
+below a joined table's copy, :mod:`~reclock.sources.postgres.joining`); columns added come after
+the output's in each change's rows, named (:class:`~reclock.sources.postgres.changes.Change`),
+for the output's ``schema_evolution``.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def read_range(
                         yield from pending.land(batches)
                         pending = _Committed()
                 elif isinstance(decoded, Relation):
-                    relations[_U32.pack(decoded.relation_id)] = _checked(decoded, by_name)
+                    lsn = None if txn is None else txn[0].final_lsn
+                    relations[_U32.pack(decoded.relation_id)] = _checked(decoded, by_name, batches, lsn)
                 elif isinstance(decoded, Truncate):
                     assert txn is not None, "a change outside a transaction"
                     txn[1].extend(_truncated(decoded, relations))
@@ -237,12 +240,27 @@ def _truncated(message: Truncate, relations: Mapping[bytes, _Columns | None]) ->
     return [(columns.output, Change("t", None, None)) for columns in read if columns is not None]
 
 
-def _checked(relation: Relation, by_name: Mapping[str, TableSpec]) -> _Columns | None:
+def _checked(
+    relation: Relation, by_name: Mapping[str, TableSpec], batches: ChangeBatches, lsn: int | None
+) -> _Columns | None:
     """Where ``relation``'s columns go, if the pipeline reads its table; a definite error naming
-    the column if one its output was made for is gone or holds another type now."""
+    the column if one its output was made for is gone or holds another type now, unless
+    ``batches`` drops the table's changes of the transaction committed at ``lsn`` (below a joined
+    table's copy, whose spec is the definition at the copy): an older definition is then no
+    error, and they are not read. A change of the table after them comes with a ``Relation`` of
+    its own: the server sends one again after every change of the definition."""
     spec = by_name.get(relation.qualified)
     if spec is None:
         return None
+    try:
+        return _columns(relation, spec)
+    except DefiniteSourceError:
+        if lsn is not None and batches.drops(spec.output, lsn):
+            return None
+        raise
+
+
+def _columns(relation: Relation, spec: TableSpec) -> _Columns:
     now = {c.name: i for i, c in enumerate(relation.columns)}
     for column in spec.columns:
         at = now.get(column.name)

@@ -21,6 +21,7 @@ from reclock.cli.main import main
 from reclock.errors import ConfigError, ContractError
 from reclock.job.config import build_source, check_shapes, parse_config
 from reclock.persist.lake import Lake
+from reclock.persist.layout import INTO_DATE, OutputLayout
 from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.shaping import TRANSFORM_ERROR, Shape, apply_route, route_outputs
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, Output
@@ -31,6 +32,7 @@ from tests.delta_log import replay
 FRACTIONS = pa.schema([("num", pa.int64()), ("den", pa.int64())])
 OUTPUTS = {"m": Output("m", FRACTIONS), ERRORS: Output(ERRORS, ERRORS_SCHEMA)}
 RATIO = "SELECT num, num / den AS ratio FROM input WHERE num >= 0"
+BIG = "SELECT num FROM input WHERE num > 2"
 
 
 def route(*shapes: Shape, outputs=OUTPUTS):
@@ -337,6 +339,41 @@ def test_a_batch_replayed_after_a_crash_between_commits_counts_everything_it_fil
     records = [r for p in rows.values() for r in p]
     dropped = sum(r["num"] < 0 for r in records) + sum(r["num"] <= 2 for r in records)  # m's WHERE, big's WHERE
     assert replayed == clean == dropped
+
+
+DAY = 86_400_000
+MIDNIGHT = 1_795_046_400_000  # 2026-11-19 00:00 UTC
+
+
+@pytest.mark.parametrize("crash", [None, "committed:big"])
+def test_shaped_and_routed_outputs_partitioned_by_into_date_land_in_day_folders_once(tmp_path, crash):
+    """``_into_date`` is derived from the stamp for a transform's rows as for rows landed as read:
+    an output shaped in place and one routed from it, both partitioned by day, across midnight."""
+    shapes = [Shape("m", sql="SELECT num, num * 2 AS twice FROM input"), Shape("big", input="m", sql=BIG)]
+    layouts = {name: OutputLayout((INTO_DATE,)) for name in ("m", "big")}
+    source = MemorySource({"m": FRACTIONS})
+    clock, hook, times = FakeClock(), CrashAt(crash) if crash else None, {}
+    for batch_ms, nums in ((MIDNIGHT - 1, range(0, 6)), (MIDNIGHT, range(6, 9)), (MIDNIGHT + DAY, range(9, 12))):
+        source.append(0, "m", [{"num": n, "den": 1} for n in nums])
+        times.update(dict.fromkeys(nums, batch_ms))
+        clock.ms = batch_ms
+        try:
+            Pipeline("p", tmp_path, source, now=clock, shapes=shapes, layouts=layouts, on_step=hook).step()
+        except SimulatedCrash:
+            hook = None
+            Pipeline("p", tmp_path, source, now=clock, shapes=shapes, layouts=layouts).step()
+    day = {n: datetime.fromtimestamp(ms / 1000, UTC).date().isoformat() for n, ms in times.items()}
+    lake = Lake.at(tmp_path)
+    for output, kept in (("m", range(12)), ("big", range(3, 12))):
+        state = replay(lake.output_path("p", output))
+        assert state.partition_columns == [INTO_DATE]
+        assert INTO_DATE in state.column_names
+        for path, add in state.files.items():
+            assert path.startswith(f"{INTO_DATE}={add['partitionValues'][INTO_DATE]}/"), path
+        rows = state.rows()
+        assert sorted(r[OFFSET] for r in rows) == list(kept)  # every record once, none twice
+        assert all(r[INTO_DATE] == day[r["num"]] and r[INTO_TS] == times[r["num"]] for r in rows)
+        assert {r[INTO_DATE] for r in rows} == {"2026-11-18", "2026-11-19", "2026-11-20"}
 
 
 GENERATOR = """

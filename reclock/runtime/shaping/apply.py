@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError
+from reclock.runtime.rows import output_rows
 from reclock.runtime.shaping.definition import ID, Route, stored, stored_type, with_rows
 from reclock.runtime.shaping.engine import run_sql
 from reclock.sources.base import ERRORS, clip_message, error_batch
@@ -56,7 +57,9 @@ def shape_batch(
     """A task's stamped source batch through ``route``: the rows its output lacks and the rows
     ``_errors`` lacks, each in its table's write schema, and the lineage of the rows filtered out
     that the output lacks. Rows are evaluated while the output *or* ``_errors`` lacks them, so a
-    crash between those two commits still lands each rejected row exactly once."""
+    crash between those two commits still lands each rejected row exactly once. The output's rows
+    are built by :func:`~reclock.runtime.rows.output_rows`, like rows landed as read, so a column
+    reclock derives from the stamp (``_into_date``) is there whatever the output's route."""
     upper, errors_upper = uppers[route.output], uppers[ERRORS]
     keep = into >= min(upper, errors_upper)
     table = pa.Table.from_batches([batch]).append_column(INTO_TS, pa.array(into, pa.int64()))
@@ -65,7 +68,7 @@ def shape_batch(
     errors = outcome.errors.filter(pc.greater_equal(outcome.errors.column(INTO_TS), errors_upper))
     output, errors_schema = schemas[route.output], schemas[ERRORS]
     return (
-        rows.select(output.names).cast(output),
+        output_rows(rows, rows.column(INTO_TS).to_numpy(), output),
         errors.select(errors_schema.names).cast(errors_schema),
         outcome.filtered.filter(pc.greater_equal(outcome.filtered.column(INTO_TS), upper)),
     )
