@@ -140,7 +140,7 @@ class Split:
         return None
 
     @property
-    def size(self) -> int:
+    def weight(self) -> int:
         """How much work the split is, in records or offsets: what a data plane weighs it by (a
         batch too small to pay a Spark job, tasks of like load). Its offsets, unless one offset
         stands for many records, as a snapshot chunk does (one offset, a hundred thousand rows)."""

@@ -139,10 +139,10 @@ def _pack(splits: Sequence[Split], bins: int) -> list[list[Split]]:
     """Largest split first into the least loaded task (LPT), so tasks finish close together."""
     loads = [0] * min(bins, len(splits))
     groups: list[list[Split]] = [[] for _ in loads]
-    for split in sorted(splits, key=lambda s: s.size, reverse=True):
+    for split in sorted(splits, key=lambda s: s.weight, reverse=True):
         i = loads.index(min(loads))
         groups[i].append(split)
-        loads[i] += split.size
+        loads[i] += split.weight
     return groups
 
 
@@ -161,7 +161,7 @@ class AutoDataPlane:
     measured (``benchmarks/scenarios/freshness.py``), a 1,000-row Kafka batch takes 1.09 s on Spark
     against 0.67 s in the driver, and Spark only pays from about 20,000 rows. Both planes run the
     same task function, so the choice changes only where the work runs, never its result. A batch
-    is weighed by its splits' :attr:`~reclock.sources.base.Split.size` (offsets, or the rows of a
+    is weighed by its splits' :attr:`~reclock.sources.base.Split.weight` (offsets, or the rows of a
     split whose one offset stands for many, such as a snapshot chunk).
     """
 
@@ -171,7 +171,7 @@ class AutoDataPlane:
         self.small_batch_offsets = small_batch_offsets
 
     def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
-        size = sum(split.size for split in splits)
+        size = sum(split.weight for split in splits)
         plane = self.local if size < self.small_batch_offsets else self.spark
         return plane.run(plan, splits)
 

@@ -85,7 +85,7 @@ class ChunkOffset(Split):
     consistent_lsn: int = 0
 
     @property
-    def size(self) -> int:
+    def weight(self) -> int:
         """Its rows: a chunk is one offset, and its work is its rows (a batch of five chunks of
         100,000 rows is no small batch for a data plane)."""
         return self.chunk.rows if self.chunk is not None else 1

@@ -221,7 +221,7 @@ def test_a_snapshot_chunk_weighs_its_rows_not_its_one_offset():
     plane.run(None, chunks(15_000, 4_000))
     assert spark.batches == [5] and local.batches == [2]
     groups = _pack(chunks(100_000, 50_000, 50_000), 2)
-    assert sorted(sum(s.size for s in group) for group in groups) == [100_000, 100_000]
+    assert sorted(sum(s.weight for s in group) for group in groups) == [100_000, 100_000]
 
 
 # -- mistakes end in one line naming the field, never a traceback ---------------------------------
