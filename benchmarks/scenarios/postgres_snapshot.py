@@ -10,6 +10,12 @@ The baseline is a hand-written script: one ``COPY (SELECT ...) TO STDOUT`` into 
 (``baselines/copy_to_delta.py``). Contenders alternate; the ratio is of median rows/s; both are
 checked by counting the rows their Delta logs hold. Target (issue 22, acceptance 5): >= 1.0 on the
 Spark plane. The in-driver plane is measured too, for reading.
+
+Two floors are measured beside them, for reading only (``baselines/parallel_copy.py``): the
+per-row work any design must do, by a hand-written script on both cores, with nothing else (no
+slot, no binding, no Spark): in one pass, and in two (chunk files first, landed in a second
+round, as the source must). They say how much of the gap to the baseline is the machine's and
+how much is reclock's.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from benchmarks.baselines import copy_to_delta
+from benchmarks.baselines.parallel_copy import Floor
 from benchmarks.fixtures import spark, workdir
 from benchmarks.harness import Ratio, ScenarioResult
 from benchmarks.measure import alternate, load_average, median, tree_cpu_seconds
@@ -30,6 +37,7 @@ from benchmarks.readback import delta_commits
 __all__ = ["run"]
 
 SPARK, LOCAL, COPY = "reclock, Spark", "reclock, in-driver", "COPY + write_deltalake"
+ONE_PASS, TWO_PASSES = "floor, one pass", "floor, two passes"
 
 #: The event table's columns as the baseline declares them (what the source's columns map to).
 SCHEMA = pa.schema(
@@ -76,6 +84,20 @@ def run(full: bool = False) -> ScenarioResult:
         assert written == landed == rows, f"the COPY baseline landed {landed} (reported {written}) of {rows}"
         return seconds
 
+    floor = Floor()
+
+    def floor_run(two_pass: bool) -> Callable[[], float]:
+        def call() -> float:
+            with workdir("pg-floor") as lake:
+                t0 = time.monotonic()
+                written = floor.run(dsn, table, SCHEMA, lake, two_pass=two_pass)
+                seconds = time.monotonic() - t0
+                landed = sum(c.rows for c in delta_commits(lake / table))
+            assert written == landed == rows, f"the floor landed {landed} (reported {written}) of {rows}"
+            return seconds
+
+        return call
+
     cpu: dict[str, list[float]] = {}
 
     def with_cpu(name: str, fn: Callable[[], float]) -> Callable[[], float]:
@@ -87,8 +109,15 @@ def run(full: bool = False) -> ScenarioResult:
 
         return call
 
-    contenders = {SPARK: reclock_run(SparkDataPlane(session)), LOCAL: reclock_run(LocalDataPlane()), COPY: copy_run}
+    contenders = {
+        SPARK: reclock_run(SparkDataPlane(session)),
+        LOCAL: reclock_run(LocalDataPlane()),
+        COPY: copy_run,
+        ONE_PASS: floor_run(False),
+        TWO_PASSES: floor_run(True),
+    }
     times = alternate({name: with_cpu(name, fn) for name, fn in contenders.items()}, runs)
+    floor.close()
     rates = {name: rows / median(secs) for name, secs in times.items()}
     for name, plane, target in (
         ("reclock snapshot on Spark / COPY + write_deltalake, rows/s", SPARK, 1.0),
@@ -99,6 +128,11 @@ def run(full: bool = False) -> ScenarioResult:
             result.notes.append(f"{name}: {rates[plane] / rates[COPY]:.2f} ({detail})")
         else:
             result.ratios.append(Ratio(name, rates[plane] / rates[COPY], target, detail=detail))
+    for name in (ONE_PASS, TWO_PASSES):
+        result.notes.append(
+            f"{name} (hand-written, both cores, nothing but the per-row work) / COPY + write_deltalake: "
+            f"{rates[name] / rates[COPY]:.2f}; reclock on Spark / it: {rates[SPARK] / rates[name]:.2f}"
+        )
     result.measurements.update(
         rows=rows,
         fill_seconds=round(fill_s, 1),
