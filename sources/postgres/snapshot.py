@@ -243,6 +243,13 @@ def copy_chunk(task: ChunkTask) -> Chunk | CaptureFailed:
                 with conn.cursor() as cur:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     cur.execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
+                    if _rewritten_since(cur, task.spec):
+                        return CaptureFailed(
+                            True,
+                            f"table {task.spec.table.qualified} was rewritten (TRUNCATE, VACUUM FULL, CLUSTER or "
+                            "an ALTER TABLE) after the snapshot was exported, which a snapshot cannot see through; "
+                            "the capture starts over at the next probe",
+                        )
                     table = typed_chunk(_copy_rows(cur, task), task.spec)
                 conn.rollback()
             finally:
@@ -254,6 +261,22 @@ def copy_chunk(task: ChunkTask) -> Chunk | CaptureFailed:
     except (DefiniteSourceError, psycopg2.Error) as exc:
         return CaptureFailed(False, f"chunk {task.index} of {task.spec.table.qualified}: {exc}".strip())
     return Chunk(task.spec.output, relative, table.num_rows)
+
+
+def _rewritten_since(cur: Any, spec: TableSpec) -> bool:
+    """Whether the table has a new file since the snapshot: PostgreSQL's rewrites are not
+    MVCC-safe, so an older snapshot sees a rewritten table's new file as empty (or a retyped
+    column's rows as gone), not the rows it held. The table is locked first (``ACCESS SHARE``,
+    which every rewrite's ``ACCESS EXCLUSIVE`` waits for) until this transaction ends, so none can
+    start while the chunk is copied; then ``pg_class`` as the snapshot sees it (a catalog read
+    under the transaction's snapshot) is compared with the file the server uses now."""
+    cur.execute(f"LOCK TABLE {spec.table.quoted} IN ACCESS SHARE MODE")
+    cur.execute(
+        "SELECT relfilenode <> pg_relation_filenode(oid) FROM pg_class WHERE oid = %s::regclass",
+        (spec.table.quoted,),
+    )
+    row = cur.fetchone()
+    return row is None or bool(row[0])
 
 
 def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:

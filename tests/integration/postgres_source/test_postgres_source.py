@@ -17,9 +17,10 @@ import pyarrow as pa
 import pytest
 from psycopg2.extras import LogicalReplicationConnection
 
-from reclock.errors import ConfigError
+from reclock.errors import ConfigError, TransientError
 from reclock.persist.lake import Lake, sink_id
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.runtime.reports import BatchFailed
 from reclock.sources.postgres import PostgresSource
 from reclock.timeline.frontier import Frontier
@@ -127,6 +128,45 @@ def test_a_snapshot_of_values_with_line_breaks_and_quotes_is_the_table(postgres,
             query(postgres, db, f"SELECT id, body FROM {table}")
         ), table
     assert any("\n" in body for _, body in query(postgres, db, "SELECT id, body FROM notes WHERE id = 1"))
+    drop_slot(postgres, db, source.options.slot)
+
+
+def test_a_table_rewritten_after_the_snapshot_is_exported_is_captured_again_not_landed_empty(postgres, tmp_path):
+    """A rewrite (TRUNCATE, VACUUM FULL, a retyping ALTER) gives a table a new file whose rows an
+    older snapshot cannot see: PostgreSQL's rewrites are not MVCC-safe. One that commits between
+    the slot's exported snapshot and a copy task's read would make the snapshot land the table
+    empty, a cut the database never had at the slot's point. Here the plane's first capture
+    truncates and refills the table after the export and before its copy tasks run: the capture
+    must fail as transient and start over at a new slot, and the first cut is the table as it is."""
+    db = "rewritten"
+    postgres.create_database(db)
+    execute(
+        postgres,
+        db,
+        "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t SELECT g, 'old' FROM generate_series(1, 100) g",
+    )
+
+    class RewritingFirst(LocalDataPlane):
+        rewrites = 1
+
+        def map(self, fn, items):
+            if self.rewrites:
+                self.rewrites -= 1
+                execute(
+                    postgres,
+                    db,
+                    "BEGIN; TRUNCATE t; INSERT INTO t SELECT g, 'new' FROM generate_series(1000, 1049) g; COMMIT",
+                )
+            return super().map(fn, items)
+
+    source = make_source(postgres, db, tmp_path, tables=["t"])
+    pipeline = Pipeline("pg", tmp_path / "lake", source, data_plane=RewritingFirst())
+    with pytest.raises(TransientError, match="rewritten"):
+        pipeline.step()
+    pipeline.step()  # the capture again, at a new slot
+    landed = output_table(tmp_path / "lake", "pg", "public_t")
+    assert sorted((r["id"], r["v"]) for r in landed.to_pylist()) == sorted(query(postgres, db, "SELECT id, v FROM t"))
     drop_slot(postgres, db, source.options.slot)
 
 
