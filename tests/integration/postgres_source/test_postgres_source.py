@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import decimal
 import threading
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -52,6 +53,13 @@ def output_table(lake: Path, pipeline: str, output: str) -> pa.Table:
 
 
 def drop_slot(postgres, database: str, slot: str) -> None:
+    """Drop ``slot`` once no connection holds it: a reader whose batch just failed has closed its
+    replication connection, but the server's walsender may take a moment to let the slot go (the
+    suite saw "slot ... is active" here under load)."""
+    deadline = time.monotonic() + 30
+    while query(postgres, database, f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'") == [(True,)]:
+        assert time.monotonic() < deadline, f"slot {slot} still held after 30 s"
+        time.sleep(0.05)
     execute(postgres, database, f"SELECT pg_drop_replication_slot('{slot}')")
 
 
