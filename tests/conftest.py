@@ -29,9 +29,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import spark_archive
+
 pytest_plugins = [
     "pytester",  # tests/unit/test_lanes.py runs the lane machinery in a throwaway session
     "tests.cpu_report",  # RECLOCK_TEST_CPU=<file>: CPU seconds per test (docs/reliability.md)
+    "tests.spark_archive",  # the driver JVMs' class-data archive, removed at the session's end
 ]
 
 #: The JVMs the tests start (the Spark session, each ``reclock start`` on Spark, the standalone
@@ -75,6 +78,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for part in sorted(parts):
             item.add_marker(part)
         item.add_marker("integration" if parts else "unit")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A session that selected a Spark test (after ``-m``) gives its drivers a class-data archive
+    (tests/spark_archive.py), unless the caller set their options: then they stay the caller's."""
+    if os.environ.get("SPARK_SUBMIT_OPTS") == JIT and any(item.get_closest_marker("spark") for item in session.items):
+        spark_archive.make(JIT)
 
 
 @pytest.fixture(scope="session")

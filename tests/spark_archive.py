@@ -1,0 +1,90 @@
+"""A class-data archive (AppCDS) of Spark's classes for the driver JVMs a test session starts.
+
+A Spark driver's start is mostly loading and verifying some thousands of classes from Spark's jars;
+the JVM can instead map them, already parsed and verified, from an archive that one JVM wrote at
+its exit (``-XX:ArchiveClassesAtExit``). A session that selected a ``spark`` test starts one
+throwaway Spark session in the background, whose JVM writes the archive into a temporary folder
+of this session, and points every driver JVM started after that at it (``SPARK_SUBMIT_OPTS``,
+inherited by pyspark and by ``reclock`` subprocesses). One driver's start took 10-12 CPU-s
+without it and 5 with it on the 2-core development machine (docs/reliability.md).
+
+The archive is written under another name and renamed when its JVM has exited, so a driver
+sees it whole or not at all. A driver that starts before it is there, or whose class path or JVM
+differs from the one that wrote it, runs as before: ``-Xshare:auto`` falls back to loading the
+classes, and ``-Xlog:cds*=off`` keeps the JVM's notice of that off its stdout, where a test
+reads only its own output. ``tests/conftest.py`` starts it (:func:`make`), unless the caller set
+``SPARK_SUBMIT_OPTS`` itself; the archive and its folder go when the session ends.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+#: The throwaway session: the same start as every test's (reclock's own settings), one small
+#: job, then it ends its JVM and waits for it, which writes the archive as it exits.
+SESSION = """
+from reclock.job.spark import spark_session
+spark = spark_session("local[1]")
+spark.range(3).count()
+gateway = spark.sparkContext._gateway
+spark.stop()
+gateway.proc.stdin.close()  # the JVM exits at its stdin's end (pyspark's own way to stop it)
+gateway.proc.wait()
+"""
+
+
+class _Archive:
+    """The archive's folder and the thread that makes it, to wait for and remove at the end."""
+
+    def __init__(self, options: str) -> None:
+        self.folder = Path(tempfile.mkdtemp(prefix="reclock-cds-"))
+        self.path = self.folder / "spark.jsa"
+        partial = self.folder / "partial.jsa"
+        quiet = "-Xshare:auto -Xlog:cds*=off"
+        env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} -XX:ArchiveClassesAtExit={partial} {quiet}"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", SESSION],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its JVM in its group, to end with it if the session ends first
+        )
+        self.thread = threading.Thread(target=self._publish, args=(partial,), daemon=True)
+        self.thread.start()
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{options} -XX:SharedArchiveFile={self.path} {quiet}"
+
+    def _publish(self, partial: Path) -> None:
+        if self.process.wait() == 0 and partial.exists():
+            partial.rename(self.path)
+
+    def remove(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.thread.join(timeout=60)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_archive: list[_Archive] = []
+
+
+def make(options: str) -> None:
+    """Starts making the archive, with the drivers' ``options``, and adds it to them; once a session."""
+    if not _archive:
+        _archive.append(_Archive(options))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The archive (about 140 MB) goes with its session; a writer still running is ended first."""
+    for archive in _archive:
+        archive.remove()
+    _archive.clear()
