@@ -29,8 +29,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import spark_archive
-
 pytest_plugins = [
     "pytester",  # tests/unit/test_lanes.py runs the lane machinery in a throwaway session
     "tests.cpu_report",  # RECLOCK_TEST_CPU=<file>: CPU seconds per test (docs/reliability.md)
@@ -84,6 +82,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """A session that selected a Spark test (after ``-m``) gives its drivers a class-data archive
     (tests/spark_archive.py), unless the caller set their options: then they stay the caller's."""
     if os.environ.get("SPARK_SUBMIT_OPTS") == JIT and any(item.get_closest_marker("spark") for item in session.items):
+        from tests import spark_archive  # a plugin of this conftest (pytest_plugins), imported by pytest first
+
         spark_archive.make(JIT)
 
 
