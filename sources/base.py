@@ -30,7 +30,8 @@ pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its 
 Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
 runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
 :class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks`,
-:class:`GrowsOutputs`, :class:`AwaitsOutputs`, :class:`DistinctInserts` and, for the class, :class:`TakesContext`. A
+:class:`GrowsOutputs`, :class:`AwaitsOutputs`, :class:`DistinctInserts`, :class:`LandsAhead` and, for the class,
+:class:`TakesContext`. A
 source declares one by subclassing it (which also gives its defaults) or by having its members;
 any class may, a plugin as much as a built-in.
 """
@@ -61,6 +62,9 @@ __all__ = [
     "GrowsOutputs",
     "JoinedOutput",
     "KeepsUnknownFields",
+    "LandedAhead",
+    "Lander",
+    "LandsAhead",
     "ListedFile",
     "Output",
     "RecordError",
@@ -392,6 +396,48 @@ class DistinctInserts(Protocol):
         truncate or a record of only nulls), no two of one key. Called on the driver with every
         split of a batch; a promise about what :meth:`Source.read` yields, so when in doubt an
         output is left out (its batch is then merged, as always)."""
+        ...
+
+
+@dataclass(frozen=True)
+class LandedAhead:
+    """A batch the runtime landed before its binding was minted (:class:`LandsAhead`): its into
+    time, the frontier it binds, and what its tasks wrote, as the runtime's own JSON (the source
+    keeps it durable and hands it back, it never reads it)."""
+
+    into_ts: int
+    upper: Frontier
+    record: str
+    #: Records each split read, in the order the splits were given.
+    read: tuple[int, ...] = ()
+
+
+#: ``land(upper, splits)``: the runtime reserves the next into time ``T``, runs the batch's tasks
+#: over ``splits`` as the batch binding ``upper`` at ``T`` would (stamped at ``T``, enveloped,
+#: shaped, routed, partitioned), leaves their files uncommitted and says what it wrote; a split
+#: that failed raises (a :class:`~reclock.errors.TransientError` when it may succeed later).
+Lander = Callable[[Frontier, Sequence[Split]], LandedAhead]
+
+
+@runtime_checkable
+class LandsAhead(Protocol):
+    """Some of its records can be read only once, before their binding exists: a database's
+    initial snapshot, readable only through the snapshot its slot exported, which dies with the
+    connection that exported it.
+
+    Such records must be durable before the binding that stamps them (a crash after the binding
+    must replay the same rows), and the only copy worth writing is the output's own: the source
+    has the runtime land them ahead (:data:`Lander`) while it can still read them, keeps the
+    :class:`LandedAhead` durable, then reports the frontier. The runtime mints that frontier at
+    the reserved time and commits the files the landing wrote, without reading the splits again.
+    """
+
+    def use_lander(self, land: Lander) -> None:
+        """Land such records through ``land`` from now on (the pipeline calls it before the first probe)."""
+        ...
+
+    def landed_ahead(self) -> LandedAhead | None:
+        """The landing kept durable, if any; asked on the driver when minting and planning."""
         ...
 
 

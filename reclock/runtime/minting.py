@@ -2,7 +2,8 @@
 
 The probe asks the source how far it has data, caps that to ``max_batch`` (backpressure) and
 refuses a source that went back below what is already bound (a recreated topic). The mint makes
-binding ``(T, F)`` durable with ``T = max(now, remap upper)`` by compare-and-append; an idle source
+binding ``(T, F)`` durable with ``T = max(now, remap upper)`` (or the time a source landed ``F``
+ahead at, :mod:`reclock.runtime.ahead`) by compare-and-append; an idle source
 still advances time every ``idle_interval`` so quiet pipelines never hold back a consistent read,
 and a bounded source whose end is bound gets a closing binding.
 """
@@ -13,11 +14,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from reclock.errors import DefiniteSourceError
+from reclock.errors import ContractError, DefiniteSourceError
 from reclock.persist.remap import RemapTable
 from reclock.runtime.settings import Settings
-from reclock.sources.base import Source
-from reclock.timeline.frontier import Frontier, Partition, Reread, encode_partition
+from reclock.sources.base import LandsAhead, Source
+from reclock.timeline.frontier import Frontier, IntoTime, Partition, Reread, encode_partition
 
 __all__ = ["Interrupted", "Minter"]
 
@@ -75,8 +76,24 @@ class Minter:
         now = self._now()
         if proposal == bound and bindings.upper and now - (bindings.upper - 1) < self.settings.idle_interval * 1000:
             return phases
-        self.remap.mint(max(now, bindings.upper), proposal)
+        self.remap.mint(self._time_for(proposal, max(now, bindings.upper)), proposal)
         return {**phases, "mint": int((time.monotonic() - probed) * 1000)}
+
+    def _time_for(self, proposal: Frontier, due: IntoTime) -> IntoTime:
+        """``due``, unless the source landed ``proposal`` ahead at a reserved time, which nothing
+        has been bound at or after since (:mod:`reclock.runtime.ahead`): then that time. A landing
+        kept for another frontier than the one proposed is a source breaking its promise."""
+        if not isinstance(self.source, LandsAhead):
+            return due
+        ahead = self.source.landed_ahead()
+        if ahead is None or ahead.into_ts < self.remap.bindings.upper:
+            return due
+        if ahead.upper != proposal:
+            raise ContractError(
+                f"pipeline {self.name}: the source landed {ahead.upper!r} ahead at {ahead.into_ts} "
+                f"and then proposed {proposal!r} for that binding"
+            )
+        return ahead.into_ts
 
     def _check(self, bound: Frontier, probe: Frontier) -> None:
         """A probe below what is already bound means the source was recreated: a definite error."""
@@ -106,7 +123,6 @@ class Minter:
             raise Interrupted
         call, self._probing = self._probing, None
         return call.result()
-
 
     def probing_for(self) -> float | None:
         """Seconds the probe in flight has waited for the source (``None``: none in flight).

@@ -26,6 +26,7 @@ labels skip what already landed (exactly once).
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -36,7 +37,9 @@ import pyarrow as pa
 
 from reclock.errors import (
     ConfigError,
+    ContractError,
     DefiniteSourceError,
+    ErrorKind,
     FencedError,
     TransientError,
     describe,
@@ -47,6 +50,8 @@ from reclock.persist.layout import OutputLayout, output_layouts
 from reclock.persist.lease import LeaseLost
 from reclock.persist.remap import REREAD_START, RemapTable, Skip
 from reclock.persist.sink import DataFile, OutputSink, discard_data_file, table_schema, write_data_file
+from reclock.runtime.ahead import landed as ahead_landed
+from reclock.runtime.ahead import results as ahead_results
 from reclock.runtime.failures import Verdict, decide
 from reclock.runtime.health import Health, after_batch
 from reclock.runtime.logs import BATCH_ID, batch_scope
@@ -54,7 +59,7 @@ from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
 from reclock.runtime.outputs import awaited_shapes, joined_output, layouts_of, outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane, task_runner
-from reclock.runtime.planning import in_split_order, plan_batch, without_skips
+from reclock.runtime.planning import BatchRange, in_split_order, plan_batch, without_skips
 from reclock.runtime.redrives import redrive_splits
 from reclock.runtime.reports import FILTERED, BatchFailed, BatchReport, BatchState, filtered_json, ms_since
 from reclock.runtime.rows import output_rows
@@ -63,8 +68,20 @@ from reclock.runtime.shaping import Route, Shape, route_outputs
 from reclock.runtime.task import BatchPlan
 from reclock.runtime.windowing import Windows
 from reclock.runtime.windows import Window
-from reclock.sources.base import ERRORS, DistinctInserts, GrowsOutputs, Output, RunsTasks, Source, Split, error_batch
-from reclock.timeline.frontier import Frontier, IntoTime, encode_partition, wall_clock_ms
+from reclock.sources.base import (
+    ERRORS,
+    DistinctInserts,
+    GrowsOutputs,
+    LandedAhead,
+    LandsAhead,
+    Output,
+    RunsTasks,
+    Source,
+    Split,
+    error_batch,
+)
+from reclock.timeline.bindings import Bindings
+from reclock.timeline.frontier import Frontier, IntoTime, Partition, encode_partition, wall_clock_ms
 from reclock.timeline.lag import total_lag
 from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
 
@@ -104,6 +121,8 @@ class Pipeline:
         self.data_plane = data_plane or LocalDataPlane()
         if isinstance(source, RunsTasks):
             source.use_tasks(task_runner(self.data_plane))
+        if isinstance(source, LandsAhead):
+            source.use_lander(self._land_ahead)
         self.settings = settings or Settings()
         self.maintenance = maintenance or Maintenance()
         self._batches_since_maintenance = 0
@@ -267,6 +286,9 @@ class Pipeline:
     def maintain(self, *, optimize: bool = True, vacuum: bool = True) -> MaintenanceReport:
         """Compact the remap table, optimize and vacuum every output now (see :func:`maintain_tables`)."""
         self._batches_since_maintenance = 0
+        if vacuum and self._landing_ahead():
+            log.info("pipeline %s: not vacuuming while files landed ahead of their binding wait for it", self.name)
+            vacuum = False
         outputs = {name: sink.path for name, sink in self.sinks.items()}
         outputs |= self.windows.paths()  # a commit per pass too
         report = maintain_tables(
@@ -448,21 +470,9 @@ class Pipeline:
         splits = without_skips(self.source.splits(lower, upper), skips) if moved else []
         # Records from _errors read again, in the batch of the binding they were redriven at.
         splits += redrive_splits(self.source, bindings, self.remap.redrives, skips, between=(lo, binding_ts))
-        appends = self._appends(splits)
-        plan = BatchPlan(
-            source=self.source,
-            stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
-            uppers={name: sink.upper for name, sink in self.sinks.items()},
-            roots={name: str(sink.path if name in appends else sink.write_root) for name, sink in self.sinks.items()},
-            schemas={name: sink.schema if name in appends else sink.write_schema for name, sink in self.sinks.items()},
-            file_rows=self.settings.file_rows,
-            envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
-            store=self.lake.store,
-            layouts=self.layouts,
-            added={name: sink.added for name, sink in self.sinks.items() if sink.added},
-            routes=self.routes,
-            appends=appends,
-        )
+        ahead = self._landed_ahead(batch)  # landed before its binding: its files are the batch's
+        appends, landed = ahead_results(ahead, splits) if ahead is not None else (None, None)
+        plan = self._plan(bindings, lo, moved, splits, appends)
         started = wall_clock_ms()
         report = BatchReport(
             binding_ts, BatchState.IN_PROGRESS, skips=skips, lower=lower, upper=upper, started_ms=started
@@ -472,7 +482,7 @@ class Pipeline:
         # Step 4: write (the probe may have been long: a driver that lost its lease meanwhile
         # writes no data file either).
         self._fence()
-        results = in_split_order(self.data_plane.run(plan, splits), splits)
+        results = landed if landed is not None else in_split_order(self.data_plane.run(plan, splits), splits)
         report.state, report.results = BatchState.SUCCEEDED, results
         report.phases["read"], clock = ms_since(clock)
         if any(r.error for r in results):
@@ -521,6 +531,83 @@ class Pipeline:
         report.rows = {name: sum(f.num_records for f in fs) for name, fs in by_output.items()}
         report.duration_ms = wall_clock_ms() - started
         return report
+
+    def _plan(
+        self,
+        bindings: Bindings,
+        lo: IntoTime,
+        moved: Sequence[Partition],
+        splits: Sequence[Split],
+        appends: frozenset[str] | None = None,
+    ) -> BatchPlan:
+        """The tasks' plan of a batch from ``lo`` over ``splits`` stamped by ``bindings``: the
+        same for a batch and for its landing ahead (:mod:`reclock.runtime.ahead`)."""
+        if appends is None:
+            appends = self._appends(splits)
+        return BatchPlan(
+            source=self.source,
+            stamper=bindings.stamper(after=lo - 1 if lo else None, partitions=moved),
+            uppers={name: sink.upper for name, sink in self.sinks.items()},
+            roots={name: str(sink.path if name in appends else sink.write_root) for name, sink in self.sinks.items()},
+            schemas={name: sink.schema if name in appends else sink.write_schema for name, sink in self.sinks.items()},
+            file_rows=self.settings.file_rows,
+            envelopes={o.name: (o.envelope, o.key) for o in self.outputs.values() if o.envelope != "append"},
+            store=self.lake.store,
+            layouts=self.layouts,
+            added={name: sink.added for name, sink in self.sinks.items() if sink.added},
+            routes=self.routes,
+            appends=appends,
+        )
+
+    def _land_ahead(self, upper: Frontier, splits: Sequence[Split]) -> LandedAhead:
+        """The :data:`~reclock.sources.base.Lander` this pipeline gives a source that lands ahead:
+        the batch binding ``upper`` at a reserved time, run now (:mod:`reclock.runtime.ahead`).
+
+        Called in a probe, when every binding is in every output: the batch it lands is the next
+        one, from the resume upper, with the sinks as they are now.
+        """
+        bindings = self.remap.bindings
+        if self.pending:
+            raise ContractError("a source may land ahead only when every binding is in every output")
+        into_ts = max(self._now(), bindings.upper)
+        bound = copy.deepcopy(bindings)
+        bound.mint(into_ts, upper)
+        appends = self._appends(splits)
+        moved = BatchRange(into_ts, bindings.frontier, upper).moved
+        plan = self._plan(bound, self.resume_upper, moved, splits, appends)
+        self._fence()
+        done = in_split_order(self.data_plane.run(plan, splits), splits)
+        failed = next((r for r in done if r.error), None)
+        if failed is not None:
+            for r in done:
+                for f in r.files:
+                    discard_data_file(plan.roots[f.output], f, plan.store)
+            kind = TransientError if failed.error_kind is ErrorKind.TRANSIENT else DefiniteSourceError
+            raise kind(f"a batch landed ahead of its binding failed: {failed.error}")
+        self._on_step("landed-ahead")
+        return ahead_landed(into_ts, upper, appends, done)
+
+    def _landed_ahead(self, batch: BatchRange) -> LandedAhead | None:
+        """The source's landing ahead if it is this batch's; one the batch would cover otherwise
+        than whole breaks the planning's promise (the landing is minted alone, as the next binding)."""
+        if not isinstance(self.source, LandsAhead):
+            return None
+        ahead = self.source.landed_ahead()
+        if ahead is None or not (self.resume_upper <= ahead.into_ts <= batch.binding_ts):
+            return None
+        if ahead.into_ts != batch.binding_ts or ahead.upper != batch.upper:
+            raise ContractError(
+                f"batch {batch.binding_ts} covers the landing ahead at {ahead.into_ts} with other bindings"
+            )
+        return ahead
+
+    def _landing_ahead(self) -> bool:
+        """Files a source landed ahead are not in every output yet: referenced by no table, so a
+        vacuum (``full``: it removes files no version references) would delete them."""
+        if not isinstance(self.source, LandsAhead):
+            return False
+        ahead = self.source.landed_ahead()
+        return ahead is not None and ahead.into_ts >= self.resume_upper
 
     def _appends(self, splits: Sequence[Split]) -> frozenset[str]:
         """The MERGE outputs this batch appends to instead: those the source promises only

@@ -434,29 +434,37 @@ class _Owners:
         }
 
     def _owned(self, partitions: Any, offsets: Any) -> Iterator[tuple[int, np.ndarray]]:
-        """``(split index, offsets)`` of the rows each split owns."""
+        """``(split index, offsets)`` of the rows each split owns. A task of one partition's
+        splits (a snapshot's chunks) is checked by one comparison instead of grouped by partition
+        (42 ms of a 500,000-row snapshot's 960 ms in one thread)."""
         if not len(offsets):
             return
+        offs = np.asarray(offsets.to_numpy())
+        if len(self.by_partition) == 1:
+            ((name, owners),) = self.by_partition.items()
+            if pc.all(pc.equal(partitions, name)).as_py():
+                yield from self._by_offset(owners, offs)
+                return
         encoded = pc.dictionary_encode(partitions)
         if isinstance(encoded, pa.ChunkedArray):
             encoded = encoded.combine_chunks()
-        offs = np.asarray(offsets.to_numpy())
         codes = encoded.indices.to_numpy(zero_copy_only=False)
         order = np.argsort(codes, kind="stable")
         bounds = np.searchsorted(codes[order], np.arange(len(encoded.dictionary) + 1))
         for code, name in enumerate(encoded.dictionary.to_pylist()):
-            rows = offs[order[bounds[code] : bounds[code + 1]]]
             owners = self.by_partition.get(name)
             if owners is None:
                 raise ContractError(
                     f"the task's source yielded rows of partition {name!r}, which none of its splits has"
                 )
-            if len(owners) == 1:
-                yield owners[0], rows
-                continue
-            starts = np.array([self.splits[i].start for i in owners])
-            which = np.searchsorted(starts, rows, side="right") - 1
-            for j, owner in enumerate(owners):
-                mine = rows[which == j]
-                if len(mine):
-                    yield owner, mine
+            yield from self._by_offset(owners, offs[order[bounds[code] : bounds[code + 1]]])
+
+    def _by_offset(self, owners: list[int], rows: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """``rows`` (offsets of one partition) by which of its splits ``owners`` holds each."""
+        if len(owners) == 1:
+            yield owners[0], rows
+            return
+        starts = np.array([self.splits[i].start for i in owners])
+        which = np.searchsorted(starts, rows, side="right") - 1
+        for j in np.unique(which):  # the owners present only: a batch is mostly one split's
+            yield owners[j], rows[which == j]

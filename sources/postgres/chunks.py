@@ -80,9 +80,10 @@ def chunk_batches(
     wrong: set[int] = set()
     if all(array.type == column.arrow for array, column in zip(texts, spec.columns, strict=True)):
         typed = texts  # typed by the capture, which types a chunk only if every value types
-    else:
+    else:  # texts (some columns typed by the parser, whose text forms cast back as they were)
+        texts = [raw.cast(pa.string()) for raw in texts]
         for column, raw in zip(spec.columns, texts, strict=True):
-            array, bad = typed_texts(raw.cast(pa.string()), column.arrow)
+            array, bad = typed_texts(raw, column.arrow)
             typed.append(array)
             wrong.update(bad)
     errors = _rejected(spec, texts, sorted(wrong), partition, offset, fail)

@@ -58,8 +58,9 @@ def typed_column(texts: Sequence[str | None] | pa.Array, kind: pa.DataType) -> t
 
 
 def typed_texts(raw: pa.Array, kind: pa.DataType) -> tuple[pa.Array, list[int]]:
-    """:func:`typed_column` of texts already in an Arrow string array (a snapshot chunk's column)."""
-    if pa.types.is_string(kind):
+    """:func:`typed_column` of texts already in an Arrow string array (a snapshot chunk's column;
+    one its parser typed already is as it is)."""
+    if pa.types.is_string(kind) or raw.type == kind:
         return raw, []
     try:
         return _cast(raw, kind), []

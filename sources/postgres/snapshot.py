@@ -5,24 +5,30 @@ consistent point (an LSN) and a snapshot that sees exactly the transactions comm
 The stream of the slot starts at that point, so the snapshot plus every transaction the slot
 sends is the database, once, with nothing between (Materialize's ``snapshot.rs`` does the same).
 
-**Captured by tasks.** The driver creates the slot and keeps the exporting connection open (an
-exported snapshot lives only as long as it, and only while it runs no other command); it cuts
-every table into chunks of ``snapshot_chunk_pages`` heap pages (``ctid`` ranges, the last one
-open-ended) and hands them to the pipeline's tasks (:data:`~reclock.sources.base.TaskRunner`:
-Spark tasks on the Spark plane, the driver's threads otherwise). Each task opens its own
-connection, joins the snapshot (``SET TRANSACTION SNAPSHOT``), copies its range, types its
-columns (:func:`~reclock.sources.postgres.chunks.typed_chunk`: all of them, or none if a value
-does not type) and writes it as one parquet file into the pipeline's folder of the lake
-(:class:`StateFolder`, local or S3).
+**Landed ahead, by tasks.** The driver creates the slot and keeps the exporting connection open
+(an exported snapshot lives only as long as it, and only while it runs no other command); it
+cuts every table into chunks of ``snapshot_chunk_pages`` heap pages (``ctid`` ranges, the last one
+open-ended) and has the pipeline land them ahead of their binding
+(:class:`~reclock.sources.base.LandsAhead`, :mod:`reclock.runtime.ahead`): each chunk is a split
+of the batch binding the consistent point, run by the pipeline's tasks (Spark tasks on the
+Spark plane), which open their own connection, join the snapshot (``SET TRANSACTION
+SNAPSHOT``), copy their range (:func:`copy_rows`), type its columns
+(:func:`~reclock.sources.postgres.chunks.typed_chunk`) and write the outputs' files, stamped at
+the into time reserved for that binding, uncommitted. The rows are written once: a snapshot
+copied into files of its own first, then landed, wrote them twice and could not keep up with
+one ``COPY`` into one Delta write (``docs/design/20261127_postgres_snapshot_floor.md``). A source
+used without a pipeline (no lander) captures into chunk files in the pipeline's folder of the
+lake (:class:`StateFolder`) by its :data:`~reclock.sources.base.TaskRunner`, read back later.
 
 **Captured once.** Only when every task succeeded does the driver write the manifest (the slot,
-its consistent point, the chunks), last and whole. A crash before it bound nothing: the next
-start drops the slot and the partial chunks and captures again, at a new slot; no row of the
-first attempt ever reached an output, so nothing can land twice (the duplication of Materialize
-#13749 came from a second snapshot *after* the first was bound). A chunk's file name carries its
-attempt (the consistent point), so a task of a dead attempt that finishes late writes a file no
-manifest names. After the manifest the snapshot is never taken again: chunks are read back from
-the files, the same rows every time.
+its consistent point, the chunks, the landing), last and whole. A crash before it bound nothing:
+the next start drops the slot (and any chunk files) and captures again, at a new slot; no file
+of the first attempt was ever committed (vacuum removes them), so nothing can land twice (the
+duplication of Materialize #13749 came from a second snapshot *after* the first was bound). A
+chunk file's name carries its attempt (the consistent point), so a task of a dead attempt that
+finishes late writes a file no manifest names. After the manifest the snapshot is never taken
+again: the binding is minted at the landing's time and its batch commits the landing's files
+(or reads the chunk files), the same rows every time.
 
 **Bound whole.** Chunk ``i`` is offset ``i`` of the source's one partition (there are far fewer
 chunks than the consistent point's LSN, below which the stream has nothing), and the source's
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,13 +48,14 @@ import psycopg2
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from reclock.errors import DefiniteSourceError
-from reclock.sources.base import Split, TaskRunner
+from reclock.errors import DefiniteSourceError, TransientError
+from reclock.sources.base import LandedAhead, Split, TaskRunner
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.chunks import typed_chunk
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.state import StateFolder
+from reclock.timeline.frontier import Frontier
 
 __all__ = [
     "Chunk",
@@ -58,6 +65,8 @@ __all__ = [
     "capture",
     "copied",
     "copy_chunk",
+    "copy_in_turn",
+    "copy_rows",
     "load",
     "plan_chunks",
     "read_chunk",
@@ -65,6 +74,8 @@ __all__ = [
 
 MANIFEST = "snapshot.json"
 CHUNKS = "chunks"
+#: Rows a heap page holds, about, for a table the server has not counted yet (its chunks' weight).
+ROWS_PER_PAGE = 50
 
 
 @dataclass(frozen=True)
@@ -93,23 +104,42 @@ class ChunkOffset(Split):
 
 @dataclass(frozen=True)
 class Manifest:
+    """The capture, kept whole: the slot, its consistent point, the chunks, and, when the
+    pipeline landed them ahead, that landing (its chunks then have no file)."""
+
     slot: str
     consistent_lsn: int
     chunks: tuple[Chunk, ...]
+    landed: LandedAhead | None = None
 
     def to_json(self) -> str:
+        landed = self.landed
         return json.dumps(
             {
                 "slot": self.slot,
                 "consistent_lsn": self.consistent_lsn,
                 "chunks": [[c.output, c.file, c.rows] for c in self.chunks],
+                "landed": None
+                if landed is None
+                else {
+                    "into_ts": landed.into_ts,
+                    "upper": landed.upper.to_json(),
+                    "record": landed.record,
+                    "read": list(landed.read),
+                },
             }
         )
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         data = json.loads(text)
-        return cls(data["slot"], data["consistent_lsn"], tuple(Chunk(*c) for c in data["chunks"]))
+        kept = data.get("landed")
+        landed = (
+            None
+            if kept is None
+            else LandedAhead(kept["into_ts"], Frontier.from_json(kept["upper"]), kept["record"], tuple(kept["read"]))
+        )
+        return cls(data["slot"], data["consistent_lsn"], tuple(Chunk(*c) for c in data["chunks"]), landed)
 
 
 @dataclass(frozen=True)
@@ -127,6 +157,8 @@ class ChunkTask:
     low: int
     high: int | None
     state: StateFolder
+    #: About how many rows it holds (the table's rows per page, as the server last counted them).
+    rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -143,6 +175,11 @@ def load(state: StateFolder) -> Manifest | None:
     return None if text is None else Manifest.from_json(text)
 
 
+#: ``land(consistent_lsn, tasks)``: the chunks landed ahead in the outputs by the pipeline's
+#: tasks, each copying its own (:class:`~reclock.sources.base.LandsAhead`).
+LandChunks = Callable[[int, list[ChunkTask]], LandedAhead]
+
+
 def capture(
     dsn: str,
     slot: str,
@@ -153,9 +190,11 @@ def capture(
     take: bool,
     chunk_pages: int,
     run: TaskRunner,
+    land: LandChunks | None = None,
 ) -> Manifest:
-    """Create the slot and capture the snapshot (``take``) into ``state`` by ``run``'s tasks;
-    the manifest once every chunk is written.
+    """Create the slot and capture the snapshot (``take``): landed ahead in the outputs by
+    ``land``, or, with no pipeline to land into, into chunk files in ``state`` by ``run``'s
+    tasks; the manifest once every chunk is landed or written.
 
     Called by the driver's first probe when ``state`` has no manifest: whatever a crashed
     attempt left (a slot, chunk files) is dropped first.
@@ -178,14 +217,27 @@ def capture(
                 _, consistent_point, snapshot_name, _ = cur.fetchone()
             consistent = parse_lsn(consistent_point)
             tasks = plan_chunks(dsn, slot, publication, snapshot_name, f"{consistent:016X}", specs, state, chunk_pages)
-            done = run(copy_chunk, tasks) if take else []
+            tasks = tasks if take else []
+            landed = _land(land, consistent, tasks) if land is not None and tasks else None
+            done = [] if landed is not None else run(copy_chunk, tasks)
         finally:
             exporting.close()  # only now: the tasks joined the snapshot it exported
-    chunks = copied(done, "the snapshot's capture failed, it starts over at the next probe")
+    if landed is not None:
+        chunks = [Chunk(task.spec.output, "", rows) for task, rows in zip(tasks, landed.read, strict=True)]
+    else:
+        chunks = copied(done, "the snapshot's capture failed, it starts over at the next probe")
     assert len(chunks) < consistent, "more snapshot chunks than LSNs below the consistent point"
-    manifest = Manifest(slot, consistent, tuple(chunks))
+    manifest = Manifest(slot, consistent, tuple(chunks), landed)
     state.write_bytes(MANIFEST, manifest.to_json().encode())
     return manifest
+
+
+def _land(land: LandChunks, consistent: int, tasks: list[ChunkTask]) -> LandedAhead:
+    """``land``, its transient failure said as the capture's: it starts over at a new slot."""
+    try:
+        return land(consistent, tasks)
+    except TransientError as exc:
+        raise PostgresUnavailable(f"the snapshot's capture failed, it starts over at the next probe: {exc}") from None
 
 
 def copied(done: Sequence[Chunk | CaptureFailed], failed: str) -> list[Chunk]:
@@ -218,15 +270,18 @@ def plan_chunks(
         with conn.cursor() as cur:
             for spec in specs:
                 cur.execute(
-                    "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int",
+                    "SELECT pg_relation_size(oid) / current_setting('block_size')::int, reltuples, relpages "
+                    "FROM pg_class WHERE oid = %s::regclass",
                     (spec.table.quoted,),
                 )
-                pages = int(cur.fetchone()[0])
+                pages, counted, counted_pages = cur.fetchone()
+                per_page = counted / counted_pages if counted > 0 and counted_pages > 0 else ROWS_PER_PAGE
                 bounds = list(range(0, pages, chunk_pages)) or [0]
                 for i, low in enumerate(bounds):
                     high = bounds[i + 1] if i + 1 < len(bounds) else None
+                    rows = max(1, round(((high if high is not None else pages) - low) * per_page))
                     tasks.append(
-                        ChunkTask(dsn, slot, publication, snapshot, attempt, spec, len(tasks), low, high, state)
+                        ChunkTask(dsn, slot, publication, snapshot, attempt, spec, len(tasks), low, high, state, rows)
                     )
     finally:
         conn.close()
@@ -236,31 +291,69 @@ def plan_chunks(
 def copy_chunk(task: ChunkTask) -> Chunk | CaptureFailed:
     """Run in a task: the chunk's rows in the exported snapshot, written to its file."""
     try:
-        with server_errors(task.slot, task.publication):
-            conn = connect(task.dsn)
+        table = copy_rows(task)
+        relative = f"{CHUNKS}/{task.attempt}-{task.index:06d}-{task.spec.output}.parquet"
+        task.state.write_parquet(relative, table)
+    except PostgresUnavailable as exc:
+        return CaptureFailed(True, str(exc))
+    except OSError as exc:
+        return CaptureFailed(True, f"chunk {task.index} of {task.spec.table.qualified}: {exc}")
+    except DefiniteSourceError as exc:
+        return CaptureFailed(False, str(exc))
+    return Chunk(task.spec.output, relative, table.num_rows)
+
+
+def copy_rows(task: ChunkTask) -> pa.Table:
+    """Run in a task: the chunk's rows in the exported snapshot, typed (:func:`copy_in_turn`)."""
+    (table,) = copy_in_turn([task])  # to its end: the transaction is rolled back, the connection closed
+    return table
+
+
+def copy_in_turn(tasks: Sequence[ChunkTask]) -> Iterator[pa.Table]:
+    """Run in a task: each chunk's rows in the exported snapshot they share, typed
+    (:func:`~reclock.sources.postgres.chunks.typed_chunk`), in turn, through one connection and
+    one transaction: a chunk's own connection, snapshot import and table check cost 8-10 ms, which
+    small chunks (that balance tasks well) paid many times over. Raises
+    :class:`PostgresUnavailable` when a new attempt may succeed (the server away, a table
+    rewritten since the export: the capture starts over) and :class:`DefiniteSourceError`
+    otherwise, one line naming the chunk."""
+    if not tasks:
+        return
+    first = current = tasks[0]
+    assert all(task.snapshot == first.snapshot for task in tasks), "chunks of one snapshot in turn"
+    try:
+        with server_errors(first.slot, first.publication):
+            conn = connect(first.dsn)
             try:
                 conn.autocommit = False
                 with conn.cursor() as cur:
                     cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    cur.execute("SET TRANSACTION SNAPSHOT %s", (task.snapshot,))
-                    if _rewritten_since(cur, task.spec):
-                        return CaptureFailed(
-                            True,
-                            f"table {task.spec.table.qualified} was rewritten (TRUNCATE, VACUUM FULL, CLUSTER or "
-                            "an ALTER TABLE) after the snapshot was exported, which a snapshot cannot see through; "
-                            "the capture starts over at the next probe",
-                        )
-                    table = typed_chunk(_copy_rows(cur, task), task.spec)
+                    cur.execute("SET TRANSACTION SNAPSHOT %s", (first.snapshot,))
+                    checked: set[str] = set()
+                    for current in tasks:
+                        if current.spec.output not in checked:
+                            if _rewritten_since(cur, current.spec):
+                                raise PostgresUnavailable(
+                                    "the table was rewritten (TRUNCATE, VACUUM FULL, CLUSTER or an ALTER TABLE) "
+                                    "after the snapshot was exported, which a snapshot cannot see through; "
+                                    "the capture starts over at the next probe"
+                                )
+                            checked.add(current.spec.output)
+                        yield typed_chunk(_copy_rows(cur, current), current.spec)
                 conn.rollback()
             finally:
                 conn.close()
-        relative = f"{CHUNKS}/{task.attempt}-{task.index:06d}-{task.spec.output}.parquet"
-        task.state.write_parquet(relative, table)
-    except (PostgresUnavailable, OSError) as exc:
-        return CaptureFailed(True, f"chunk {task.index} of {task.spec.table.qualified}: {exc}")
-    except (DefiniteSourceError, psycopg2.Error) as exc:
-        return CaptureFailed(False, f"chunk {task.index} of {task.spec.table.qualified}: {exc}".strip())
-    return Chunk(task.spec.output, relative, table.num_rows)
+    except PostgresUnavailable as exc:
+        raise PostgresUnavailable(f"{_chunk(current)}: {exc}") from None
+    except psycopg2.Error as exc:  # the server's own words, its first line (no query, no caret)
+        said = (exc.diag.message_primary or str(exc)).strip().splitlines()[0]
+        raise DefiniteSourceError(f"{_chunk(current)}: {said}") from None
+    except DefiniteSourceError as exc:
+        raise DefiniteSourceError(f"{_chunk(current)}: {' '.join(str(exc).split())}") from None
+
+
+def _chunk(task: ChunkTask) -> str:
+    return f"chunk {task.index} of {task.spec.table.qualified}"
 
 
 def _rewritten_since(cur: Any, spec: TableSpec) -> bool:
@@ -285,7 +378,12 @@ def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
 
     A value can hold a line break only inside quotes, and parsing for that (``newlines_in_values``)
     makes pyarrow cut the text into blocks serially: 97 ms instead of 54 ms for 500,000 rows of the
-    benchmark's table. So a chunk with no quote at all, the common case, is parsed without it."""
+    benchmark's table. So a chunk with no quote at all, the common case, is parsed without it.
+
+    Integer and decimal columns are typed by the parser, which reads their text forms as the cast
+    from text would (the same value parsers), without a string column made first only to be cast
+    (42 ms of 500,000 rows' casts); a chunk with a value the parser refuses is parsed again as texts,
+    typed (or not, its bad rows to ``_errors``) as every chunk was."""
     spec = task.spec
     where = f"ctid >= '({task.low},0)'::tid" + (f" AND ctid < '({task.high},0)'::tid" if task.high is not None else "")
     names = [c.name for c in spec.columns]
@@ -296,17 +394,28 @@ def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
     if buffer.tell() == 0:
         return pa.table({name: pa.array([], pa.string()) for name in names})
     data = buffer.getvalue()
-    return pacsv.read_csv(
-        pa.BufferReader(data),
-        read_options=pacsv.ReadOptions(column_names=names),
-        parse_options=pacsv.ParseOptions(newlines_in_values=b'"' in data),
-        convert_options=pacsv.ConvertOptions(
-            column_types={name: pa.string() for name in names},
-            null_values=["\\N"],
-            strings_can_be_null=True,
-            quoted_strings_can_be_null=False,
-        ),
-    )
+
+    def parsed(types: dict[str, pa.DataType]) -> pa.Table:
+        return pacsv.read_csv(
+            pa.BufferReader(data),
+            read_options=pacsv.ReadOptions(column_names=names),
+            parse_options=pacsv.ParseOptions(newlines_in_values=b'"' in data),
+            convert_options=pacsv.ConvertOptions(
+                column_types=types,
+                null_values=["\\N"],
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+
+    texts = {name: pa.string() for name in names}
+    typed = {c.name: c.arrow for c in spec.columns if pa.types.is_integer(c.arrow) or pa.types.is_decimal(c.arrow)}
+    if typed:
+        try:
+            return parsed({**texts, **typed})
+        except pa.ArrowInvalid:
+            pass
+    return parsed(texts)
 
 
 def read_chunk(state: StateFolder, chunk: Chunk) -> pa.Table:

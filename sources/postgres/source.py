@@ -9,11 +9,13 @@ chunks (:mod:`~reclock.sources.postgres.snapshot`).
 * ``upper`` (the probe, on the driver): the server's ``pg_current_wal_flush_lsn()``: every
   transaction whose commit record starts below it is durable and will be sent by the slot. It
   moves with any WAL the server writes, so an idle source's frontier moves too.
-  The first probe captures the snapshot, its chunks copied by the pipeline's tasks (the source
-  :class:`~reclock.sources.base.RunsTasks`).
+  The first probe captures the snapshot, its chunks landed ahead in the outputs by the
+  pipeline's tasks (the source :class:`~reclock.sources.base.LandsAhead`; without a pipeline,
+  copied into chunk files by tasks, :class:`~reclock.sources.base.RunsTasks`).
 * ``splits``: one split per snapshot chunk, and one replication range ``[lower, upper)`` (a slot
   is read by one connection at a time, so the range is not cut).
-* ``read``: a chunk from its captured file, or a range from the slot
+* ``read``: a chunk from the exported snapshot while it is landed ahead, or from its captured
+  file; a range from the slot
   (:mod:`~reclock.sources.postgres.stream`); both replayable.
 * ``commit`` (the offset committer): moves the slot's ``confirmed_flush_lsn`` to the resume
   frontier's LSN, which the runtime gives only after every output committed it
@@ -39,12 +41,16 @@ from typing import Any
 
 import pyarrow as pa
 
-from reclock.errors import ConfigError
+from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import (
     AwaitsOutputs,
     DistinctInserts,
+    GroupReads,
     GrowsOutputs,
     JoinedOutput,
+    LandedAhead,
+    Lander,
+    LandsAhead,
     Output,
     SourceBase,
     SourceContext,
@@ -75,7 +81,17 @@ from reclock.sources.postgres.joining import (
 )
 from reclock.sources.postgres.leaving import Left, came_back, load_left, record_left
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
-from reclock.sources.postgres.snapshot import Chunk, ChunkOffset, Manifest, capture, load, read_chunk
+from reclock.sources.postgres.snapshot import (
+    Chunk,
+    ChunkOffset,
+    ChunkTask,
+    Manifest,
+    capture,
+    copy_in_turn,
+    copy_rows,
+    load,
+    read_chunk,
+)
 from reclock.sources.postgres.state import StateFolder
 from reclock.sources.postgres.stream import read_range
 from reclock.timeline.frontier import Frontier, Partition, encode_partition
@@ -90,7 +106,10 @@ WAL = "wal"
 
 @dataclass(frozen=True)
 class ChunkSplit(ChunkOffset):
-    """One captured snapshot chunk (offset ``start`` = the chunk's index)."""
+    """One snapshot chunk (offset ``start`` = the chunk's index): read from the exported snapshot
+    by its ``copy`` while it is landed ahead, from its file when captured into one."""
+
+    copy: ChunkTask | None = None
 
 
 @dataclass(frozen=True)
@@ -98,8 +117,12 @@ class RangeSplit(Split):
     """The transactions committed in ``[start, end)``, read from the slot."""
 
 
-class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
+class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, DistinctInserts, LandsAhead):
     """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
+
+    #: A task's copies wait on the server and write parquet outside the GIL, its ranges on the
+    #: slot's connection: the in-driver plane reads several tasks at once (:class:`GroupReads`).
+    parallel_reads = True
 
     #: Rows per Arrow batch a read yields (bounded memory per task).
     flush_rows: int = 50_000
@@ -113,7 +136,7 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
         slot: str | None = None,
         publication: str | None = None,
         snapshot: bool = True,
-        snapshot_chunk_pages: int = 1024,
+        snapshot_chunk_pages: int = 256,
         read_timeout_s: float = 30.0,
         feedback_interval_s: float = 1.0,
         state_dir: str | StateFolder | None = None,
@@ -140,6 +163,7 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
             raise ConfigError("state_dir", f"must be a folder's path or an s3:// URI, got {state_dir!r}")
         self.state = StateFolder.at(state_dir) if isinstance(state_dir, str) else state_dir
         self._run: TaskRunner = run_in_order
+        self._land: Lander | None = None
         self.on_record_error = check_record_error_policy(on_record_error)
         kept = pinned_tables(self.state)
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
@@ -183,10 +207,24 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
         """The snapshot's chunks are copied by ``run``'s tasks (:class:`~reclock.sources.base.RunsTasks`)."""
         self._run = run
 
+    def use_lander(self, land: Lander) -> None:
+        """The snapshot is landed ahead in the outputs by ``land`` (:class:`~reclock.sources.base.LandsAhead`):
+        one pass, instead of chunk files landed after the binding."""
+        self._land = land
+
+    def landed_ahead(self) -> LandedAhead | None:
+        """The snapshot's landing, kept in the manifest (read once, never captured here)."""
+        if self._manifest is None and self.state is not None:
+            kept = load(self.state)
+            if kept is not None and kept.slot == self.options.slot:
+                self._manifest = kept
+        return None if self._manifest is None else self._manifest.landed
+
     def __getstate__(self) -> dict[str, Any]:
-        """A task's copy: without the runner, which holds the driver's data plane."""
+        """A task's copy: without the runner and the lander, which hold the driver's pipeline."""
         state = dict(self.__dict__)
         state["_run"] = run_in_order
+        state["_land"] = None
         return state
 
     # -- the Source protocol --------------------------------------------------------------------
@@ -292,8 +330,19 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         """The rows of a chunk, or the changes of a range; the same for the same split."""
+        if isinstance(split, ChunkSplit) and split.copy is not None:
+            spec = next(spec for spec in self._read_specs if spec.output == split.copy.spec.output)
+            yield from self._chunk_batches(
+                copy_rows(split.copy), spec, split.partition, split.start, split.consistent_lsn
+            )
+            return
         if isinstance(split, ChunkSplit | JoinedChunkSplit):
             assert split.chunk is not None
+            if not split.chunk.file:
+                raise DefiniteSourceError(
+                    f"snapshot chunk {split.start} of output {split.chunk.output} was landed ahead of its binding, "
+                    "read once from the snapshot its slot exported, which is gone: it cannot be read again"
+                )
             yield from self._read_chunk(split.partition, split.start, split.chunk, split.consistent_lsn)
             return
         batches = self._batches(WAL, split.start)
@@ -309,6 +358,21 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
             feedback_interval_s=self.options.feedback_interval_s,
         )
 
+    def read_group(self, splits: Sequence[Split]) -> Iterator[tuple[str, pa.RecordBatch]]:
+        """A task's splits: the snapshot chunks it lands ahead copied in turn through one
+        connection (:func:`~reclock.sources.postgres.snapshot.copy_in_turn`), so small chunks,
+        which balance tasks, cost little each; any other split as :meth:`read` gives it."""
+        copies = [s for s in splits if isinstance(s, ChunkSplit) and s.copy is not None]
+        specs = {spec.output: spec for spec in self._read_specs}
+        for split, rows in zip(copies, copy_in_turn([s.copy for s in copies if s.copy is not None]), strict=True):
+            assert split.copy is not None
+            yield from self._chunk_batches(
+                rows, specs[split.copy.spec.output], split.partition, split.start, split.consistent_lsn
+            )
+        for split in splits:
+            if not (isinstance(split, ChunkSplit) and split.copy is not None):
+                yield from self.read(split)
+
     def _read_chunk(
         self, partition: Partition, offset: int, chunk: Chunk, consistent_lsn: int
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
@@ -317,8 +381,13 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
         one transaction at the chunk's offset."""
         assert self.state is not None, "a chunk split is made only once the snapshot is captured"
         spec = next(spec for spec in self._read_specs if spec.output == chunk.output)
+        yield from self._chunk_batches(read_chunk(self.state, chunk), spec, partition, offset, consistent_lsn)
+
+    def _chunk_batches(
+        self, rows: pa.Table, spec: TableSpec, partition: Partition, offset: int, consistent_lsn: int
+    ) -> Iterator[tuple[str, pa.RecordBatch]]:
         yield from chunk_batches(
-            read_chunk(self.state, chunk),
+            rows,
             spec,
             self.options.envelope,
             encode_partition(partition),
@@ -327,6 +396,15 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
             fail=self.on_record_error == "fail",
             unknown=self._unknown,
         )
+
+    def _land_snapshot(self, consistent: int, tasks: list[ChunkTask]) -> LandedAhead:
+        """The snapshot's chunks landed ahead by the pipeline (:meth:`use_lander`), a split each,
+        the frontier they bind the slot's consistent point (the first binding's, :meth:`cap`)."""
+        assert self._land is not None
+        splits = [
+            ChunkSplit(WAL, t.index, t.index + 1, Chunk(t.spec.output, "", t.rows), consistent, copy=t) for t in tasks
+        ]
+        return self._land(Frontier({WAL: consistent}), splits)
 
     def commit(self, frontier: Frontier) -> None:
         """Confirm the slot up to the resume frontier (advisory: a failure is logged, and the
@@ -474,6 +552,7 @@ class PostgresSource(SourceBase, GrowsOutputs, AwaitsOutputs, DistinctInserts):
                     take=self.options.snapshot,
                     chunk_pages=self.options.snapshot_chunk_pages,
                     run=self._run,
+                    land=self._land_snapshot if self._land is not None else None,
                 )
             self._manifest = manifest
         return self._manifest

@@ -1,12 +1,12 @@
-"""The Postgres source on the Spark data plane: the snapshot's capture (one Spark job, its chunks
-dealt to as many tasks as run at once, each chunk joining the exported snapshot), its chunks and
-the replication range run as Spark tasks (the source and its splits cross to the Python workers
-pickled), and the tables land as on the driver."""
+"""The Postgres source on the Spark data plane: the snapshot's capture is one Spark job, its
+chunks landed ahead of their binding by the batch's tasks (each joining the exported snapshot),
+and its batch runs no second one; the replication range runs as a Spark task (the source and its
+splits cross to the Python workers pickled), and the tables land as on the driver."""
 
 from __future__ import annotations
 
 from reclock.runtime.pipeline import Pipeline
-from reclock.runtime.planes import MAP_GROUP, SparkDataPlane
+from reclock.runtime.planes import SparkDataPlane
 from reclock.sources.postgres.source import ChunkSplit
 from tests.integration.postgres_source.test_postgres_source import drop_slot, execute, make_source, output_table, query
 
@@ -23,12 +23,13 @@ def test_snapshot_chunks_and_changes_run_as_spark_tasks(postgres, spark, tmp_pat
     source = make_source(postgres, db, tmp_path, tables=["items"], snapshot_chunk_pages=20)
     pipeline = Pipeline("pg", tmp_path / "lake", source, data_plane=SparkDataPlane(spark))
     tracker = spark.sparkContext.statusTracker()
-    before = set(tracker.getJobIdsForGroup(MAP_GROUP))
+    before = set(tracker.getJobIdsForGroup())
     first = pipeline.step()
     chunks = [r for r in first.results if isinstance(r.split, ChunkSplit)]
     assert len(chunks) == len(source._captured().chunks) > 4  # every chunk a split of its own
-    # The capture itself ran as one Spark job, its chunks dealt to as many tasks as run at once.
-    captures = [tracker.getJobInfo(j) for j in set(tracker.getJobIdsForGroup(MAP_GROUP)) - before]
+    # The capture and its landing were one Spark job, the chunks (alike) packed into one task per
+    # core; the batch committed what it wrote, with no job of its own.
+    captures = [tracker.getJobInfo(j) for j in set(tracker.getJobIdsForGroup()) - before]
     assert len(captures) == 1 and captures[0].status == "SUCCEEDED"
     stages = [tracker.getStageInfo(s) for s in captures[0].stageIds]
     assert sum(stage.numTasks for stage in stages) == spark.sparkContext.defaultParallelism < len(chunks)

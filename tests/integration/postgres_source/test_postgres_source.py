@@ -143,8 +143,8 @@ def test_a_table_rewritten_after_the_snapshot_is_exported_is_captured_again_not_
     """A rewrite (TRUNCATE, VACUUM FULL, a retyping ALTER) gives a table a new file whose rows an
     older snapshot cannot see: PostgreSQL's rewrites are not MVCC-safe. One that commits between
     the slot's exported snapshot and a copy task's read would make the snapshot land the table
-    empty, a cut the database never had at the slot's point. Here the plane's first capture
-    truncates and refills the table after the export and before its copy tasks run: the capture
+    empty, a cut the database never had at the slot's point. Here the plane's first run (the
+    capture's landing ahead) truncates and refills the table after the export and before its copy tasks run: the capture
     must fail as transient and start over at a new slot, and the first cut is the table as it is."""
     db = "rewritten"
     postgres.create_database(db)
@@ -158,7 +158,7 @@ def test_a_table_rewritten_after_the_snapshot_is_exported_is_captured_again_not_
     class RewritingFirst(LocalDataPlane):
         rewrites = 1
 
-        def map(self, fn, items):
+        def run(self, plan, splits):  # the first run is the capture's landing ahead
             if self.rewrites:
                 self.rewrites -= 1
                 execute(
@@ -166,7 +166,7 @@ def test_a_table_rewritten_after_the_snapshot_is_exported_is_captured_again_not_
                     db,
                     "BEGIN; TRUNCATE t; INSERT INTO t SELECT g, 'new' FROM generate_series(1000, 1049) g; COMMIT",
                 )
-            return super().map(fn, items)
+            return super().run(plan, splits)
 
     source = make_source(postgres, db, tmp_path, tables=["t"])
     pipeline = Pipeline("pg", tmp_path / "lake", source, data_plane=RewritingFirst())

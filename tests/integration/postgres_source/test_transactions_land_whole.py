@@ -22,11 +22,11 @@ tables: a reader's keepalive confirms that, see docs/sources/postgres.md). A thi
 ``history`` (200,000 rows, only in the snapshot), makes the capture long; it ends with every row
 once.
 
-The first two kills land inside the snapshot's capture. The first by construction: once the
-capture has copied a chunk of ``history``, the test takes an exclusive lock on the table, so
-the copies of its later chunks wait; the test sees the slot's exporting connection still open
-(``pg_stat_activity``) and kills then, with chunks written and no manifest. The second at a
-random number of ``history``'s chunks.
+The first two kills land inside the snapshot's capture, whose tasks land the chunks ahead of
+their binding. The first by construction: once the capture's tasks copy (``pg_stat_activity``
+shows their ``COPY``), the test takes an exclusive lock on ``history`` (unless a task copies it
+already), so its chunks wait; the test sees the slot's exporting connection still open and kills
+then, with no manifest. The second once the tasks copy ``history`` from a random page on.
 
 The short lane kills 4 times; ``--long`` (scripts/test --long) 24 times.
 """
@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -253,14 +254,14 @@ def _capturing(dsn: str) -> bool:
         return cur.fetchone()[0]
 
 
-def _written_since(folder: Path, pattern: str, since: float) -> int:
-    """How many files matching ``pattern`` in ``folder`` were written after ``since`` (a capture
-    starting over removes the folder while this looks)."""
-    count = 0
-    for path in folder.glob(pattern):
-        with suppress(FileNotFoundError):
-            count += path.stat().st_mtime > since
-    return count
+def _copying(dsn: str, table: str) -> int:
+    """The highest first page of the snapshot chunks of ``table`` the capture's tasks copy now
+    (the server's own ``pg_stat_activity``; -1: none)."""
+    with closing(psycopg2.connect(dsn)) as conn, conn.cursor() as cur:
+        cur.execute("SELECT query FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY (SELECT%'")
+        queries = [query for (query,) in cur.fetchall() if f'FROM "public"."{table}"' in query]
+    lows = [int(m.group(1)) for query in queries if (m := re.search(r"ctid >= '\((\d+),0\)'", query))]
+    return max(lows, default=-1)
 
 
 @pytest.mark.usefixtures("reclock_processes")
@@ -278,6 +279,8 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
         # Bulk the snapshot up (many chunks of a few pages each) so that kills land inside its capture.
         cur.execute("CREATE TABLE history (id int PRIMARY KEY, note text)")
         cur.execute(f"INSERT INTO history SELECT g, repeat('h', 40) FROM generate_series(1, {HISTORY}) g")
+        cur.execute("SELECT pg_relation_size('history') / current_setting('block_size')::int")
+        history_pages = int(cur.fetchone()[0])
         cur.execute("SELECT pg_current_wal_lsn()")
         wal_start = cur.fetchone()[0]
     lake = tmp_path / "lake"
@@ -312,27 +315,26 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
     rng = random.Random(22)
     in_snapshot = 0
     manifest = lake / NAME / "control" / "source" / "snapshot.json"
-    chunks = lake / NAME / "control" / "source" / "chunks"
-    killed_at = 0.0
     job = None
     try:
         for kill in range(kills):
             job = _start_job(lake, stderr)
             deadline = time.monotonic() + 120
             held = None
-            if kill == 0:  # the capture is held inside its copy of history: the kill lands inside it
-                while _written_since(chunks, "*-public_history.parquet", 0) == 0:
+            if kill == 0:  # the capture is held before its copy of history: the kill lands inside it
+                while max(_copying(dsn, "checking"), _copying(dsn, "savings"), _copying(dsn, "history")) < 0:
                     assert job.poll() is None, stderr.read_text()[-3000:]
-                    assert time.monotonic() < deadline, "the capture never copied a chunk of history"
+                    assert time.monotonic() < deadline, "the capture never copied a chunk"
                     time.sleep(0.01)
                 held = psycopg2.connect(dsn)
-                with held.cursor() as cur:
-                    cur.execute("LOCK TABLE history IN ACCESS EXCLUSIVE MODE")  # the chunks after wait for it
+                with suppress(psycopg2.errors.LockNotAvailable), held.cursor() as cur:
+                    # The chunks of history after wait for it (unless a task copies history already).
+                    cur.execute("LOCK TABLE history IN ACCESS EXCLUSIVE MODE NOWAIT")
                 assert _capturing(dsn), "the capture ended before the test held it"
-            elif kill == 1:  # at a random history chunk of this attempt (the first one left all of its own)
-                wanted = rng.randint(1, 40)
+            elif kill == 1:  # at a random page of history's copy
+                wanted = rng.randint(0, history_pages)
                 while not manifest.exists() and time.monotonic() < deadline:
-                    if _written_since(chunks, "*-public_history.parquet", killed_at) >= wanted:
+                    if _copying(dsn, "history") >= wanted:
                         break
                     time.sleep(0.01)
             else:
@@ -340,14 +342,14 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
                 while _status(lake).get("batches", 0) <= batches and time.monotonic() < deadline:
                     time.sleep(0.05)
                 time.sleep(rng.uniform(0, 1.5))
+            capturing = _capturing(dsn)
             os.killpg(job.pid, signal.SIGKILL)
             job.wait(timeout=30)
-            killed_at = time.time()
             if held is not None:
                 held.close()  # lets the dead capture's waiting copies end
-            # Dead now: a capture it started and did not finish left chunks and no manifest.
-            partial = not manifest.exists() and chunks.is_dir() and any(chunks.glob("*.parquet"))
-            assert partial or kill != 0, "the capture blocked on its manifest had written no chunk"
+            # Dead now: a capture it started (its slot's snapshot exported) left no manifest.
+            partial = capturing and not manifest.exists()
+            assert partial or kill != 0, "the first kill landed outside the capture"
             in_snapshot += partial
         kills_ended = time.monotonic()
         # The last run starts while the transfers go on, and they stop only once the outputs hold
