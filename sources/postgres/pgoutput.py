@@ -217,6 +217,8 @@ class _Reader:
 
     def take(self, n: int) -> bytes:
         end = self.pos + n
+        if n < 0:  # a value's length is an int32: a broken one can be negative, which is no length
+            raise PgOutputError(f"message broken: a length of {n} at {self.pos}")
         if end > len(self.data):
             raise PgOutputError(f"message truncated: wanted {n} bytes at {self.pos} of {len(self.data)}")
         chunk = self.data[self.pos : end]

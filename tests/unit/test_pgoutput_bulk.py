@@ -64,7 +64,7 @@ class _RefReader:
 
     def take(self, n: int) -> bytes:
         end = self.pos + n
-        if end > len(self.data):
+        if n < 0 or end > len(self.data):  # a negative length (a flipped sign bit) is no length either
             raise PgOutputError("truncated")
         chunk = self.data[self.pos : end]
         self.pos = end
