@@ -5,7 +5,9 @@ own consistent point, and born as outputs at one binding, while the other tables
 every table of the publication. The tables it selected at its first start are its *initial*
 tables (their specs pinned in ``tables.json``, their rows in the slot's snapshot). Any table
 selected later (``ALTER PUBLICATION ... ADD TABLE`` or ``CREATE TABLE`` under a ``FOR ALL
-TABLES`` publication, with ``"*"``; a name added to an explicit list at a restart) *joins*.
+TABLES`` publication, with ``"*"``; a name added to an explicit list at a restart) *joins*. So
+does a table back in the publication after it left it, into the output it has, its copy
+replacing the output's rows (:mod:`~reclock.sources.postgres.leaving`).
 
 **Its copy, at its own consistent point ``C``.** The publication sends a table's changes from the
 commit of the ``ALTER PUBLICATION`` (``J``) on, and its rows before ``J`` are in no WAL the slot
