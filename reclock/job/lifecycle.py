@@ -41,7 +41,7 @@ from reclock.persist.store import LakePath, Store
 from reclock.runtime import logs
 from reclock.runtime.health import Health
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
-from reclock.runtime.outputs import awaited_shapes, check_layouts, outputs_of
+from reclock.runtime.outputs import awaited_shapes, awaited_windows, check_layouts, outputs_of
 from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
@@ -80,8 +80,10 @@ def create(
     check_shapes(config, source, file=file)
     try:  # against the outputs as the pipeline writes them: shaped, routed, and with _errors
         declared = outputs_of(source)
-        outputs, _ = route_outputs(declared, awaited_shapes(source, declared, config.shapes)[0])
-        check_windows(config.windows, list(outputs.values()))
+        shaped, later = awaited_shapes(source, declared, config.shapes)
+        outputs, _ = route_outputs(declared, shaped)
+        # A window over an output that may join is checked when it is born (its columns then).
+        check_windows(awaited_windows(source, outputs, config.windows, later)[0], list(outputs.values()))
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, file=file) from None
     check_layouts(source, config.layouts, config.shapes, file=file)

@@ -6,8 +6,9 @@ one line naming it, never halfway through a batch; so are their layouts (``[outp
 
 What a definition says of an output that does not exist yet is *awaited*: accepted only for a
 source that says an output of that name may join (:class:`~reclock.sources.base.AwaitsOutputs`),
-kept aside (:func:`awaited_shapes`, the second value of :func:`layouts_of`), and applied when the
-output is born, checked then against its columns exactly as it would have been at ``create``.
+kept aside (:func:`awaited_shapes`, the second value of :func:`layouts_of`, :func:`awaited_windows`),
+and applied when the output is born, checked then against its columns exactly as it would have
+been at ``create``.
 Any other unknown name is refused at ``create``, one line naming ``outputs.<name>``.
 """
 
@@ -19,9 +20,10 @@ from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
 from reclock.persist.layout import OutputLayout, output_layouts
 from reclock.runtime.shaping import Shape
+from reclock.runtime.windows import Window
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, AwaitsOutputs, KeepsUnknownFields, Output, Source
 
-__all__ = ["awaited_shapes", "check_layouts", "joined_output", "layouts_of", "outputs_of"]
+__all__ = ["awaited_shapes", "awaited_windows", "check_layouts", "joined_output", "layouts_of", "outputs_of"]
 
 
 def outputs_of(source: Source) -> dict[str, Output]:
@@ -63,6 +65,29 @@ def awaited_shapes(
     first, so that :func:`~reclock.runtime.shaping.route_outputs` refuses it naming its field."""
     later = tuple(shape for shape in shapes if _may_join(source, outputs, shape.source_output))
     return tuple(shape for shape in shapes if shape not in later), later
+
+
+def awaited_windows(
+    source: Source, outputs: Collection[str], windows: Sequence[Window], later: Sequence[Shape] = ()
+) -> tuple[tuple[Window, ...], tuple[Window, ...]]:
+    """``windows`` split into those over outputs the pipeline has (closed from the start) and
+    those awaited: over an output that may join the source, or that a shape of ``later``
+    (:func:`awaited_shapes`) makes when its input joins, or ``from`` such a window; they are
+    checked and closed once it is born. A window over any other name stays with the first, so
+    that :func:`~reclock.runtime.windows.check_windows` refuses it naming its field."""
+    shaped_later = {shape.name for shape in later}
+    waiting: set[str] = set()
+    for window in windows:
+        if window.from_window is not None:
+            waits = window.from_window in waiting
+        else:
+            waits = window.output in shaped_later or _may_join(source, outputs, window.output)  # type: ignore[arg-type]
+        if waits:
+            waiting.add(window.name)
+    return (
+        tuple(w for w in windows if w.name not in waiting),
+        tuple(w for w in windows if w.name in waiting),
+    )
 
 
 def _may_join(source: Source, outputs: Collection[str], name: str) -> bool:

@@ -57,7 +57,7 @@ from reclock.runtime.health import Health, after_batch
 from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
-from reclock.runtime.outputs import awaited_shapes, joined_output, layouts_of, outputs_of
+from reclock.runtime.outputs import awaited_shapes, awaited_windows, joined_output, layouts_of, outputs_of
 from reclock.runtime.planes import DataPlane, LocalDataPlane, task_runner
 from reclock.runtime.planning import BatchRange, in_split_order, plan_batch, without_skips
 from reclock.runtime.redrives import redrive_splits
@@ -67,7 +67,7 @@ from reclock.runtime.settings import Maintenance, Settings
 from reclock.runtime.shaping import Route, Shape, route_outputs
 from reclock.runtime.task import BatchPlan
 from reclock.runtime.windowing import Windows
-from reclock.runtime.windows import Window
+from reclock.runtime.windows import Window, check_windows
 from reclock.sources.base import (
     ERRORS,
     DistinctInserts,
@@ -139,6 +139,7 @@ class Pipeline:
         self.remap = RemapTable(self.lake.remap_path(name), self.lake.store)
         self.minter = Minter(name, source, self.remap, self.settings, now)
         self.sinks = {output.name: self._sink(output) for output in self.outputs.values()}
+        windows, self._awaited_windows = awaited_windows(source, self.outputs, windows, self._awaited_shapes)
         self.windows = Windows(self.lake, name, windows, self.outputs, on_commit=self._on_step)
         self._born_outputs()
 
@@ -159,15 +160,16 @@ class Pipeline:
 
         Called when the pipeline is built and before every batch is planned, so an output is born
         before any batch reaching ``T`` runs. Step 1: what the definition awaited for it (its
-        shaping and routes, the layouts of the outputs they make), checked against its columns as
-        ``create`` checks a declared output's: a definition that cannot apply is a definite error
-        naming its field, before anything of the output is written, so a corrected definition
-        applies at the next start. Step 2: the sinks and their tables. Step 3: an empty commit
-        labelled ``T - 1``, so each new output's upper is ``T``: the resume frontier (the least
-        upper) is not dragged back to the start, and a read as of a time before ``T`` finds the
-        output empty. A crash between steps 2 and 3 leaves a table at upper 0 that the next call
-        finishes (until then the readable upper is 0: nothing wrong is readable). A source that
-        has not bound the partition yet has an output that is not born yet: nothing happens.
+        shaping and routes, the layouts of the outputs they make, the windows over them), checked
+        against its columns as ``create`` checks a declared output's: a definition that cannot
+        apply is a definite error naming its field, before anything of the output is written, so a
+        corrected definition applies at the next start. Step 2: the sinks and their tables. Step
+        3: an empty commit labelled ``T - 1``, so each new output's upper is ``T``: the resume
+        frontier (the least upper) is not dragged back to the start, and a read as of a time
+        before ``T`` finds the output empty. Step 4: its windows, closed from then on. A crash
+        between steps 2 and 3 leaves a table at upper 0 that the next call finishes (until then
+        the readable upper is 0: nothing wrong is readable). A source that has not bound the
+        partition yet has an output that is not born yet: nothing happens.
         """
         if not isinstance(self.source, GrowsOutputs):
             return
@@ -178,8 +180,8 @@ class Pipeline:
             born = bindings.reclock(joined.partition, 0)
             if born is None:
                 continue
-            # Step 1: the outputs it makes, shaped and routed, with their layouts.
-            outputs, routes, layouts = self._awaited(joined_output(joined.output, self.outputs))
+            # Step 1: the outputs it makes, shaped and routed, with their layouts and windows.
+            outputs, routes, layouts, windows = self._awaited(joined_output(joined.output, self.outputs))
             self.layouts.update(layouts)
             for output in outputs.values():
                 # Step 2: the sink, its table created (or found, after a crash).
@@ -192,13 +194,17 @@ class Pipeline:
                 self.sinks[output.name] = sink
                 log.info("pipeline %s: output %s joined, born at %d", self.name, output.name, born)
             self.routes.update(routes)
+            # Step 4: its windows, closed from now on like every other.
+            self.windows.add(windows, self.outputs)
+            self._awaited_windows = tuple(w for w in self._awaited_windows if w not in windows)
             self._on_step(f"born:{joined.output.name}")
 
     def _awaited(
         self, output: Output
-    ) -> tuple[dict[str, Output], dict[str, tuple[Route, ...]], dict[str, OutputLayout]]:
+    ) -> tuple[dict[str, Output], dict[str, tuple[Route, ...]], dict[str, OutputLayout], list[Window]]:
         """A joined ``output`` with what the definition awaited for it: the outputs it lands in
-        (itself, shaped or not, and those its routes make), its routes, and their layouts."""
+        (itself, shaped or not, and those its routes make), its routes, their layouts, and the
+        windows over them (and ``from`` those), checked as ``create`` checks a declared output's."""
         shapes = [shape for shape in self._awaited_shapes if shape.source_output == output.name]
         try:
             outputs, routes = route_outputs({output.name: output}, shapes)
@@ -207,11 +213,16 @@ class Pipeline:
                 raise ConfigError(f"outputs.{taken[0]}", "is an output already")
             layouts = {name: self._awaited_layouts[name] for name in outputs if name in self._awaited_layouts}
             output_layouts(outputs, layouts)
+            windows: list[Window] = []
+            for window in self._awaited_windows:
+                if window.output in outputs or window.from_window in {w.name for w in windows}:
+                    windows.append(window)
+            check_windows([*self.windows.defined, *windows], [*self.outputs.values(), *outputs.values()])
         except ConfigError as exc:
             raise DefiniteSourceError(
                 f"{exc} (output {output.name!r} joined the source; correct the definition: reclock create --replace)"
             ) from None
-        return outputs, routes, layouts
+        return outputs, routes, layouts, windows
 
     # -- progress ------------------------------------------------------------------------------
 

@@ -78,13 +78,26 @@ class Windows:
         check_windows(windows, list(outputs.values()))
         self.pipeline = pipeline
         self.closers: list[WindowCloser] = []
-        by_name: dict[str, WindowCloser] = {}
+        self._lake = lake
+        self._on_commit = on_commit
+        self.add(windows, outputs)
+
+    def add(self, windows: Sequence[Window], outputs: Mapping[str, Output]) -> None:
+        """Close ``windows`` too, from now on: those over an output born while the pipeline runs
+        (:meth:`~reclock.runtime.pipeline.Pipeline._born_outputs`), checked by the caller with
+        :func:`~reclock.runtime.windows.check_windows` against ``outputs`` and the windows here."""
+        by_name = {c.window.name: c for c in self.closers}
         for w in windows:
             finer = by_name.get(w.from_window) if w.from_window is not None else None
             schema = outputs[w.output].schema if finer is None else finer.table.schema  # type: ignore[index]
-            closer = WindowCloser(lake, pipeline, w, schema, on_commit=on_commit, finer=finer)
+            closer = WindowCloser(self._lake, self.pipeline, w, schema, on_commit=self._on_commit, finer=finer)
             self.closers.append(closer)
             by_name[w.name] = closer
+
+    @property
+    def defined(self) -> list[Window]:
+        """The windows closed here, in definition order."""
+        return [c.window for c in self.closers]
 
     def current(self, uppers: Mapping[str, IntoTime], finished: bool) -> bool:
         """Every window the outputs' ``uppers`` close is in its table."""

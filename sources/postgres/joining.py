@@ -5,7 +5,9 @@ own consistent point, and born as outputs at one binding, while the other tables
 every table of the publication. The tables it selected at its first start are its *initial*
 tables (their specs pinned in ``tables.json``, their rows in the slot's snapshot). Any table
 selected later (``ALTER PUBLICATION ... ADD TABLE`` or ``CREATE TABLE`` under a ``FOR ALL
-TABLES`` publication, with ``"*"``; a name added to an explicit list at a restart) *joins*.
+TABLES`` publication, with ``"*"``; a name added to an explicit list at a restart) *joins*. So
+does a table back in the publication after it left it, into the output it has, its copy
+replacing the output's rows (:mod:`~reclock.sources.postgres.leaving`).
 
 **Its copy, at its own consistent point ``C``.** The publication sends a table's changes from the
 commit of the ``ALTER PUBLICATION`` (``J``) on, and its rows before ``J`` are in no WAL the slot
@@ -50,18 +52,19 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
 from reclock.errors import ConfigError, DefiniteSourceError
-from reclock.sources.base import TaskRunner
+from reclock.sources.base import Split, TaskRunner
 from reclock.sources.postgres.catalog import TableSpec, describe, spec_json, spec_of_json
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import connect, server_errors
 from reclock.sources.postgres.config import TableName
+from reclock.sources.postgres.leaving import changed_while_out, replaces
 from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.snapshot import CHUNKS, Chunk, ChunkOffset, copied, copy_chunk, plan_chunks
 from reclock.sources.postgres.state import StateFolder
@@ -71,33 +74,53 @@ __all__ = [
     "Joined",
     "JoinedBatches",
     "JoinedChunkSplit",
+    "ReplaceSplit",
     "capture_join",
     "load_joins",
     "published",
+    "replacement",
     "snapshot_partition",
 ]
 
-#: The folder of the joined tables' manifests, one ``<output>.json`` each.
+#: The folder of the joined tables' manifests, one ``<output>.json`` each (``<output>@<n>.json``
+#: for its ``n``-th return, :mod:`~reclock.sources.postgres.leaving`).
 JOINS = "joins"
 _ATTEMPT = "join"
 
 
-def snapshot_partition(table: TableName) -> str:
-    """The partition of a joined table's copy: ``snapshot:<schema.table>``, offsets chunk indexes."""
-    return f"snapshot:{table.qualified}"
+def snapshot_partition(table: TableName, rejoin: int = 0) -> str:
+    """The partition of a joined table's copy: ``snapshot:<schema.table>``, offsets chunk indexes
+    (``snapshot:<schema.table>@<n>`` for the copy of its ``n``-th return)."""
+    return f"snapshot:{table.qualified}" + (f"@{rejoin}" if rejoin else "")
 
 
 @dataclass(frozen=True)
 class Joined:
-    """A table that joined: its spec when it was copied, the copy's consistent point, its chunks."""
+    """A table that joined: its spec when it was copied, the copy's consistent point, its chunks;
+    ``rejoin`` counts its returns after leaving the publication (0: its first join)."""
 
     spec: TableSpec
     consistent_lsn: int
     chunks: tuple[Chunk, ...]
+    rejoin: int = 0
 
     @property
     def partition(self) -> str:
-        return snapshot_partition(self.spec.table)
+        return snapshot_partition(self.spec.table, self.rejoin)
+
+    @property
+    def first(self) -> int:
+        """The offset of chunk 0: a return's offset 0 is the replacement (:class:`ReplaceSplit`)."""
+        return 1 if self.rejoin else 0
+
+    @property
+    def upper(self) -> int:
+        """The partition's upper once the copy is whole."""
+        return self.first + len(self.chunks)
+
+    @property
+    def manifest(self) -> str:
+        return f"{JOINS}/{self.spec.output}" + (f"@{self.rejoin}" if self.rejoin else "") + ".json"
 
     def to_json(self) -> str:
         return json.dumps(
@@ -105,18 +128,30 @@ class Joined:
                 "spec": spec_json(self.spec),
                 "consistent_lsn": self.consistent_lsn,
                 "chunks": [[c.output, c.file, c.rows] for c in self.chunks],
+                "rejoin": self.rejoin,
             }
         )
 
     @classmethod
     def from_json(cls, text: str) -> Joined:
         data = json.loads(text)
-        return cls(spec_of_json(data["spec"]), data["consistent_lsn"], tuple(Chunk(*c) for c in data["chunks"]))
+        chunks = tuple(Chunk(*c) for c in data["chunks"])
+        return cls(spec_of_json(data["spec"]), data["consistent_lsn"], chunks, data.get("rejoin", 0))
 
 
 @dataclass(frozen=True)
 class JoinedChunkSplit(ChunkOffset):
-    """Chunk ``start`` of a joined table's copy (partition :func:`snapshot_partition`)."""
+    """Chunk ``start - first`` of a joined table's copy (partition :func:`snapshot_partition`)."""
+
+
+@dataclass(frozen=True)
+class ReplaceSplit(Split):
+    """Offset 0 of a returning table's copy: one ``TRUNCATE`` of its output at the copy's point,
+    so the copy after it replaces what the output held when the table left
+    (:mod:`~reclock.sources.postgres.leaving`)."""
+
+    output: str = ""
+    consistent_lsn: int = 0
 
 
 def load_joins(state: StateFolder | None) -> tuple[Joined, ...]:
@@ -128,7 +163,7 @@ def load_joins(state: StateFolder | None) -> tuple[Joined, ...]:
         text = state.read_text(f"{JOINS}/{name}") if name.endswith(".json") else None
         if text is not None:
             joins.append(Joined.from_json(text))
-    return tuple(sorted(joins, key=lambda j: (j.consistent_lsn, j.spec.table)))
+    return tuple(sorted(joins, key=lambda j: (j.consistent_lsn, j.spec.table, j.rejoin)))
 
 
 def published(cursor: Any, publication: str) -> list[TableName]:
@@ -147,13 +182,21 @@ def capture_join(
     *,
     chunk_pages: int,
     run: TaskRunner,
+    rejoin: int = 0,
+    output_spec: TableSpec | None = None,
 ) -> Joined:
     """Copy ``table`` at the consistent point of a temporary slot by ``run``'s tasks; its manifest
-    once every chunk is written (see the module docstring). Called by the driver's probe."""
+    once every chunk is written (see the module docstring). Called by the driver's probe.
+
+    ``rejoin``: the table's ``n``-th return, whose output exists with ``output_spec``: a copy of
+    other columns or another key cannot replace its rows, a definite error naming the table
+    (:func:`~reclock.sources.postgres.leaving.changed_while_out`)."""
+    prefix = f"{_ATTEMPT}{rejoin or ''}-"
     output = f"-{table.schema}_{table.name}.parquet"
-    # Step 1: the files of an attempt that died before its manifest go.
+    # Step 1: the files of an attempt that died before its manifest go (those of this join or
+    # return only: an earlier one's chunks stay, named by its manifest).
     for name in state.files(CHUNKS):
-        if name.startswith(f"{_ATTEMPT}-") and name.endswith(output):
+        if name.startswith(prefix) and name.endswith(output):
             state.delete(f"{CHUNKS}/{name}")
     with server_errors(slot, publication):
         # Step 2: a temporary slot exports the snapshot at C; its connection stays open (and runs
@@ -168,7 +211,9 @@ def capture_join(
             # Step 3: the table as the snapshot sees it: the columns of the copy's rows, which the
             # output is made for and the manifest pins, whatever changed since it joined.
             spec = _described_at(dsn, snapshot_name, table, envelope)
-            attempt = f"{_ATTEMPT}-{consistent:016X}"
+            if output_spec is not None and not replaces(spec, output_spec):
+                raise changed_while_out(spec, output_spec, publication)
+            attempt = f"{prefix}{consistent:016X}"
             tasks = plan_chunks(dsn, slot, publication, snapshot_name, attempt, [spec], state, chunk_pages)
             # Step 4: the chunks, copied by tasks.
             done = run(copy_chunk, tasks)
@@ -177,8 +222,8 @@ def capture_join(
     chunks = copied(done, f"the copy of joining table {table.qualified} failed, it starts over")
     assert chunks, "a table's copy has at least one chunk (possibly empty): its partition must be bound"
     # Step 5: the manifest, last and whole.
-    joined = Joined(spec, consistent, tuple(chunks))
-    state.write_bytes(f"{JOINS}/{spec.output}.json", joined.to_json().encode())
+    joined = Joined(spec, consistent, tuple(chunks), rejoin)
+    state.write_bytes(joined.manifest, joined.to_json().encode())
     return joined
 
 
@@ -203,10 +248,11 @@ def _described_at(dsn: str, snapshot: str, table: TableName, envelope: str) -> T
 
 
 class JoinedBatches(ChangeBatches):
-    """:class:`ChangeBatches` that drops each joined table's changes committed below its copy's
-    consistent point (``joined_at``: output -> ``C``): the copy holds them; and each table's that
-    left the publication committed at or after its removal was noticed (``left_at``: output ->
-    ``M``, :mod:`~reclock.sources.postgres.leaving`): its output stopped there."""
+    """:class:`ChangeBatches` that keeps a table's changes only while its output reads them
+    (``live``: output -> its spans ``[from, to)`` of commit LSNs, ``to`` ``None`` while it reads
+    on): from each copy's consistent point ``C`` (the copy holds those below it) to the removal
+    the probe noticed after it (``M``, :mod:`~reclock.sources.postgres.leaving`). An output not
+    in ``live`` reads every change."""
 
     def __init__(
         self,
@@ -214,26 +260,38 @@ class JoinedBatches(ChangeBatches):
         envelope: str,
         partition: str,
         *,
-        joined_at: Mapping[str, int],
-        left_at: Mapping[str, int] | None = None,
+        live: Mapping[str, Sequence[tuple[int, int | None]]],
         **options: Any,
     ) -> None:
         super().__init__(specs, envelope, partition, **options)
-        self.joined_at = dict(joined_at)
-        self.left_at = dict(left_at or {})
+        self.live = {output: tuple(spans) for output, spans in live.items()}
 
     def takes_columns(self, output: str) -> bool:
         """Not a table whose changes may need dropping: :meth:`transaction` drops them, by the
-        commit LSN of each (a range starting at or past every copy's point has none such)."""
-        return output not in self.joined_at and output not in self.left_at and super().takes_columns(output)
+        commit LSN of each (a range within one open span has none such)."""
+        return output not in self.live and super().takes_columns(output)
 
     def drops(self, output: str, lsn: int) -> bool:
-        """Below ``output``'s copy, or at or after its removal."""
-        return not self.joined_at.get(output, 0) <= lsn < self.left_at.get(output, lsn + 1)
+        """Outside every span of ``output``."""
+        spans = self.live.get(output)
+        return spans is not None and not any(low <= lsn and (high is None or lsn < high) for low, high in spans)
 
     def transaction(
         self, offset: int, lsn: int, xid: int | None, changes: Sequence[tuple[str, Change]]
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
-        if self.joined_at or self.left_at:
+        if self.live:
             changes = [(output, change) for output, change in changes if not self.drops(output, lsn)]
         yield from super().transaction(offset, lsn, xid, changes)
+
+
+def replacement(
+    spec: TableSpec, envelope: str, partition: str, lsn: int, unknown: Collection[str]
+) -> Iterator[tuple[str, pa.RecordBatch]]:
+    """The rows of a :class:`ReplaceSplit`: a ``TRUNCATE`` of ``spec``'s table at offset 0 and
+    commit LSN ``lsn`` (the copy's point), exactly as the stream's path lands one: an ``upsert``
+    output's ``_truncated`` record (its MERGE deletes every row no later record writes), an
+    ``append`` output's ``op = 't'`` row (a consumer replaying the changes empties the table
+    there, and the copy's ``r`` rows that follow fill it again)."""
+    batches = ChangeBatches([spec], envelope, partition, unknown=unknown)
+    yield from batches.transaction(0, lsn, None, [(spec.output, Change("t", None, None))])
+    yield from batches.finish()

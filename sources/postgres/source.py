@@ -27,8 +27,8 @@ A table the definition selects after the first start (``tables = ["*"]``: the pu
 joins: the probe copies it and it becomes an output at one binding
 (:mod:`~reclock.sources.postgres.joining`; the source :class:`~reclock.sources.base.GrowsOutputs`,
 and :class:`~reclock.sources.base.AwaitsOutputs`: a definition may configure such an output
-before it joins); one that leaves the publication stops its output
-(:mod:`~reclock.sources.postgres.leaving`).
+before it joins); one that leaves the publication stops its output, and joins again with a fresh
+copy that replaces the output's rows if it comes back (:mod:`~reclock.sources.postgres.leaving`).
 """
 
 from __future__ import annotations
@@ -75,11 +75,13 @@ from reclock.sources.postgres.joining import (
     Joined,
     JoinedBatches,
     JoinedChunkSplit,
+    ReplaceSplit,
     capture_join,
     load_joins,
     published,
+    replacement,
 )
-from reclock.sources.postgres.leaving import Left, came_back, load_left, record_left
+from reclock.sources.postgres.leaving import Left, load_left, record_left
 from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
 from reclock.sources.postgres.snapshot import (
     Chunk,
@@ -188,8 +190,8 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         self._unique = frozenset(
             spec.output for spec in self.specs if spec.output in live and spec.key == live[spec.output].key
         )
-        #: Tables that left the publication (:mod:`~reclock.sources.postgres.leaving`), by output.
-        self.left: dict[str, Left] = load_left(self.state)
+        #: Removals from the publication (:mod:`~reclock.sources.postgres.leaving`), as noticed.
+        self.leaves: tuple[Left, ...] = load_left(self.state)
         self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
 
@@ -233,9 +235,9 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         return [spec.as_output(self.options.envelope) for spec in self.specs]
 
     def joined_outputs(self) -> Sequence[JoinedOutput]:
-        """The tables joined so far, each an output born at its copy's partition
-        (:mod:`~reclock.sources.postgres.joining`)."""
-        return [JoinedOutput(j.spec.as_output(self.options.envelope), j.partition) for j in self.joins]
+        """The tables joined so far, each an output born at its first copy's partition
+        (:mod:`~reclock.sources.postgres.joining`; a table's return lands in the output it has)."""
+        return [JoinedOutput(j.spec.as_output(self.options.envelope), j.partition) for j in self.joins if not j.rejoin]
 
     def may_join(self, name: str) -> bool:
         """:class:`~reclock.sources.base.AwaitsOutputs`: with ``"*"``, any ``<schema>_<table>``
@@ -253,21 +255,23 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
 
     def upper(self) -> Frontier:
         """The server's WAL flush position; the first call captures the snapshot if none is, and
-        every call copies the tables that joined the publication since the last
-        (:mod:`~reclock.sources.postgres.joining`): each one's copy is a partition of its own,
-        reported with a WAL upper past its consistent point (the flush position is read after it)."""
+        every call copies the tables that joined the publication since the last, or came back to
+        it (:mod:`~reclock.sources.postgres.joining`, :mod:`~reclock.sources.postgres.leaving`):
+        each copy is a partition of its own, reported with a WAL upper past its consistent point
+        (the flush position is read after it)."""
         manifest = self._captured()
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
                 listed = published(cur, self.options.publication) if self.options.whole_publication else None
                 joining = self._joining(listed or [])
-                if listed is not None:
-                    self._follow_removals(cur, listed)
+                back = self._follow_removals(cur, listed) if listed is not None else []
         finally:
             conn.close()
         for table in joining:
             self._join(table)
+        for left in back:
+            self._join(left.table, rejoin=left.returns + 1)
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
         try:
             with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
@@ -276,7 +280,7 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         finally:
             conn.close()
         wal = max(flushed, manifest.consistent_lsn, *(j.consistent_lsn for j in self.joins))
-        return Frontier({WAL: wal, **{j.partition: len(j.chunks) for j in self.joins}})
+        return Frontier({WAL: wal, **{j.partition: j.upper for j in self.joins}})
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
         """A binding takes the whole probe, except that the snapshot is bound alone: the first
@@ -286,12 +290,27 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         cut: offsets are WAL bytes, not records, and a range is read from the slot whole anyway;
         ``max_batch`` still bounds how many bindings a catch-up batch groups (``max_batch = 1``:
         one batch per binding, so that every binding time is a cut of upsert outputs, see
-        docs/sources/postgres.md)."""
+        docs/sources/postgres.md).
+
+        A returning table's copy is not bound with a change of the table from before it left (at
+        the same into time, such a change would sort after the copy in an upsert MERGE and bring
+        back rows deleted while it was out): while the WAL lower is below the removal's ``M``,
+        the binding is ``[lower, M)`` alone (:mod:`~reclock.sources.postgres.leaving`)."""
         manifest = self._manifest
         if manifest is not None and manifest.chunks:
             consistent = manifest.consistent_lsn
             if lower.offset(WAL) < consistent < upper.offset(WAL):
                 return Frontier({WAL: consistent})
+        removals = {(left.output, left.returns + 1): left.lsn for left in self.leaves}
+        held = [
+            removals[(j.spec.output, j.rejoin)]
+            for j in self.joins
+            if j.rejoin and lower.offset(j.partition) == 0 < upper.offset(j.partition)
+        ]
+        held = [lsn for lsn in held if lower.offset(WAL) < lsn]
+        if held:
+            assert min(held) <= upper.offset(WAL), "a return's copy is probed with a WAL upper past its removal"
+            return Frontier({**{p: lower.offset(p) for p, _ in upper.items()}, WAL: min(held)})
         return upper
 
     def distinct_inserts(self, splits: Sequence[Split]) -> frozenset[str]:
@@ -318,10 +337,12 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         ]
         for joined in self.joins:
             low, high = lower.offset(joined.partition), upper.offset(joined.partition)
+            if joined.rejoin and low == 0 < high:
+                out.append(ReplaceSplit(joined.partition, 0, 1, joined.spec.output, joined.consistent_lsn))
             out += [
-                JoinedChunkSplit(joined.partition, i, i + 1, chunk, joined.consistent_lsn)
-                for i, chunk in enumerate(joined.chunks)
-                if low <= i < high
+                JoinedChunkSplit(joined.partition, at, at + 1, chunk, joined.consistent_lsn)
+                for at, chunk in enumerate(joined.chunks, start=joined.first)
+                if low <= at < high
             ]
         begin = max(start, manifest.consistent_lsn)
         if begin < end:
@@ -344,6 +365,11 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
                     "read once from the snapshot its slot exported, which is gone: it cannot be read again"
                 )
             yield from self._read_chunk(split.partition, split.start, split.chunk, split.consistent_lsn)
+            return
+        if isinstance(split, ReplaceSplit):
+            spec = next(spec for spec in self._read_specs if spec.output == split.output)
+            partition = encode_partition(split.partition)
+            yield from replacement(spec, self.options.envelope, partition, split.consistent_lsn, self._unknown)
             return
         batches = self._batches(WAL, split.start)
         yield from read_range(
@@ -453,18 +479,37 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
 
     @property
     def _read_specs(self) -> tuple[TableSpec, ...]:
-        """The tables a reader reads: the initial ones and those joined."""
-        return (*self.specs, *(j.spec for j in self.joins))
+        """The tables a reader reads: the initial ones and those joined (a return reads its
+        output's spec, which its copy's columns are, :func:`~reclock.sources.postgres.leaving.replaces`)."""
+        return (*self.specs, *(j.spec for j in self.joins if not j.rejoin))
+
+    def _spans(self) -> dict[str, list[tuple[int, int | None]]]:
+        """Per output, the commit LSNs whose changes it reads: one span per stint of its table in
+        the publication, from its copy's point (0 for an initial table) to its removal."""
+        starts: dict[str, list[int]] = {spec.output: [0] for spec in self.specs}
+        for j in sorted(self.joins, key=lambda j: j.rejoin):
+            starts.setdefault(j.spec.output, []).append(j.consistent_lsn)
+        ends: dict[str, list[int]] = {}
+        for left in sorted(self.leaves, key=lambda left: left.returns):
+            ends.setdefault(left.output, []).append(left.lsn)
+        spans: dict[str, list[tuple[int, int | None]]] = {}
+        for output, lows in starts.items():
+            highs = [*ends.get(output, []), None]
+            spans[output] = [(low, highs[i] if i < len(highs) else None) for i, low in enumerate(lows)]
+        return spans
 
     def _batches(self, partition: Partition, start: int = 0) -> ChangeBatches:
-        """A reader's batches of ``partition`` from offset ``start``; a joined table's changes
-        below its copy are dropped (only a range starting below a copy's point can hold such)."""
+        """A reader's batches of ``partition`` from offset ``start``; a table's changes outside its
+        stints in the publication are dropped (an output read on from before ``start`` drops none)."""
         return JoinedBatches(
             self._read_specs,
             self.options.envelope,
             encode_partition(partition),
-            joined_at={j.spec.output: j.consistent_lsn for j in self.joins if j.consistent_lsn > start},
-            left_at={output: left.lsn for output, left in self.left.items()},
+            live={
+                output: spans
+                for output, spans in self._spans().items()
+                if not any(low <= start and high is None for low, high in spans)
+            },
             flush_rows=self.flush_rows,
             fail=self.on_record_error == "fail",
             unknown=self._unknown,
@@ -476,23 +521,35 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         have = {s.table for s in self._read_specs}
         return sorted({t for t in (*self._named_later, *listed) if t not in have})
 
-    def _follow_removals(self, cur: Any, listed: Sequence[TableName]) -> None:
+    def _away(self) -> dict[str, Left]:
+        """The outputs whose table is out of the publication now: its last removal, not yet
+        followed by a return."""
+        returns: dict[str, int] = {}
+        for j in self.joins:
+            returns[j.spec.output] = max(returns.get(j.spec.output, 0), j.rejoin)
+        return {left.output: left for left in self.leaves if left.returns == returns.get(left.output, 0)}
+
+    def _follow_removals(self, cur: Any, listed: Sequence[TableName]) -> list[Left]:
         """Record each table read that left the publication, at the WAL insert position read
-        after ``listed`` (:mod:`~reclock.sources.postgres.leaving`); one that left and is back is
-        a definite error. A table ``tables`` names is the definition's own, added by the source."""
+        after ``listed`` (:mod:`~reclock.sources.postgres.leaving`); the removals of those that
+        are back, to be copied again. A table ``tables`` names is the definition's own, added by
+        the source."""
         now = set(listed)
+        away = self._away()
+        back = []
         for spec in self._read_specs:
-            left = self.left.get(spec.output)
+            left = away.get(spec.output)
             if spec.table in now:
                 if left is not None:
-                    raise came_back(left, self.options.publication)
+                    back.append(left)
                 continue
             if left is not None or spec.table in self.options.tables:
                 continue
             cur.execute("SELECT pg_current_wal_insert_lsn()")
-            left = Left(spec.table, spec.output, parse_lsn(cur.fetchone()[0]))
+            returns = sum(1 for j in self.joins if j.spec.output == spec.output and j.rejoin)
+            left = Left(spec.table, spec.output, parse_lsn(cur.fetchone()[0]), returns)
             record_left(self.state, left)
-            self.left[spec.output] = left
+            self.leaves = (*self.leaves, left)
             log.warning(
                 "table %s left publication %s: output %s keeps its rows and stops at LSN %s",
                 spec.table.qualified,
@@ -500,19 +557,22 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
                 spec.output,
                 lsn_text(left.lsn),
             )
+        return back
 
     def warnings(self) -> Sequence[str]:
-        """The tables that left the publication (``reclock status`` shows them)."""
+        """The tables out of the publication now (``reclock status`` shows them)."""
         return [
             f"table {left.table.qualified} left publication {self.options.publication}: "
             f"output {left.output} stopped at LSN {lsn_text(left.lsn)}"
-            for left in self.left.values()
+            for left in self._away().values()
         ]
 
-    def _join(self, table: TableName) -> None:
-        """Copy a joining table (:func:`~reclock.sources.postgres.joining.capture_join`); it is
-        read from now on, its changes below the copy dropped."""
+    def _join(self, table: TableName, rejoin: int = 0) -> None:
+        """Copy a joining table, or one back in the publication (its ``rejoin``-th return, whose
+        copy must be of its output's columns): :func:`~reclock.sources.postgres.joining.capture_join`.
+        It is read from now on, its changes below the copy dropped."""
         assert self.state is not None, "tables join only once the snapshot is captured, in the state folder"
+        output = next((s for s in self._read_specs if s.table == table), None) if rejoin else None
         joined = capture_join(
             self.options.dsn,
             self.options.slot,
@@ -522,11 +582,14 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
             self.state,
             chunk_pages=self.options.snapshot_chunk_pages,
             run=self._run,
+            rejoin=rejoin,
+            output_spec=output,
         )
         self.joins = (*self.joins, joined)
         log.info(
-            "table %s joined the publication: %d rows copied at LSN %s, output %s",
+            "table %s %s the publication: %d rows copied at LSN %s, output %s",
             table.qualified,
+            "came back to" if rejoin else "joined",
             sum(c.rows for c in joined.chunks),
             lsn_text(joined.consistent_lsn),
             joined.spec.output,

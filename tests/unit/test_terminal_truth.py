@@ -195,9 +195,10 @@ def test_as_of_at_takes_iso_8601_as_well_as_milliseconds(tmp_path):
     assert bad.returncode == 2 and "ISO-8601" in bad.stderr and "'yesterday'" in bad.stderr
 
 
-FAILING_TRANSFORMS = "".join(
-    f'\n[outputs.{output}]\nsql = "SELECT id / 0 AS broken FROM input"\n' for output in ("persons", "auctions")
-) + '\n[outputs.bids]\nsql = "SELECT auction / 0 AS broken FROM input"\n'
+FAILING_TRANSFORMS = (
+    "".join(f'\n[outputs.{output}]\nsql = "SELECT id / 0 AS broken FROM input"\n' for output in ("persons", "auctions"))
+    + '\n[outputs.bids]\nsql = "SELECT auction / 0 AS broken FROM input"\n'
+)
 
 
 class Statuses(io.StringIO):
