@@ -79,12 +79,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """A session that selected a Spark test (after ``-m``) gives its drivers a class-data archive
-    (tests/spark_archive.py), unless the caller set their options: then they stay the caller's."""
+    """A session that selected a Spark test (after ``-m``) gives its drivers, and the test cluster's
+    JVMs, a class-data archive (tests/spark_archive.py), unless the caller set their options: then
+    they stay the caller's."""
     if os.environ.get("SPARK_SUBMIT_OPTS") == JIT and any(item.get_closest_marker("spark") for item in session.items):
         from tests import spark_archive  # a plugin of this conftest (pytest_plugins), imported by pytest first
 
-        spark_archive.make(JIT)
+        daemons = JIT if os.environ.get("SPARK_DAEMON_JAVA_OPTS") == JIT else None
+        spark_archive.make(JIT, daemons)
 
 
 @pytest.fixture(scope="session")

@@ -8,12 +8,20 @@ of this session, and points every driver JVM started after that at it (``SPARK_S
 inherited by pyspark and by ``reclock`` subprocesses). One driver's start took 10-12 CPU-s
 without it and 5 with it on the 2-core development machine (docs/reliability.md).
 
+The test cluster's master, workers and executors (tests/integration/cluster.py) map the same
+archive: they run the same JVM on the same class path as the drivers (the cluster keeps the
+drivers' ``SPARK_CONF_DIR``, whose folder starts the class path), and a local driver has loaded
+most of what they load (the executor, the RPC layer, the Python runner). They take it through
+``SPARK_DAEMON_JAVA_OPTS``, which the cluster also hands its executors, and the cluster waits for
+it (:func:`wait`) before it starts, since its executors start a few at a time all session long.
+
 The archive is written under another name and renamed when its JVM has exited, so a driver
 sees it whole or not at all. A driver that starts before it is there, or whose class path or JVM
 differs from the one that wrote it, runs as before: ``-Xshare:auto`` falls back to loading the
 classes, and ``-Xlog:cds*=off`` keeps the JVM's notice of that off its stdout, where a test
 reads only its own output. ``tests/conftest.py`` starts it (:func:`make`), unless the caller set
-``SPARK_SUBMIT_OPTS`` itself; the archive and its folder go when the session ends.
+``SPARK_SUBMIT_OPTS`` itself (``SPARK_DAEMON_JAVA_OPTS`` likewise); the archive and its folder go
+when the session ends.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ gateway.proc.wait()
 class _Archive:
     """The archive's folder and the thread that makes it, to wait for and remove at the end."""
 
-    def __init__(self, options: str) -> None:
+    def __init__(self, options: str, daemon_options: str | None) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="reclock-cds-"))
         self.path = self.folder / "spark.jsa"
         partial = self.folder / "partial.jsa"
@@ -62,6 +70,8 @@ class _Archive:
         self.thread = threading.Thread(target=self._publish, args=(partial,), daemon=True)
         self.thread.start()
         os.environ["SPARK_SUBMIT_OPTS"] = f"{options} -XX:SharedArchiveFile={self.path} {quiet}"
+        if daemon_options is not None:
+            os.environ["SPARK_DAEMON_JAVA_OPTS"] = f"{daemon_options} -XX:SharedArchiveFile={self.path} {quiet}"
 
     def _publish(self, partial: Path) -> None:
         if self.process.wait() == 0 and partial.exists():
@@ -77,10 +87,18 @@ class _Archive:
 _archive: list[_Archive] = []
 
 
-def make(options: str) -> None:
-    """Starts making the archive, with the drivers' ``options``, and adds it to them; once a session."""
+def make(options: str, daemon_options: str | None = None) -> None:
+    """Starts making the archive, with the drivers' ``options``, and adds it to them, and to the
+    cluster's ``daemon_options`` unless None; once a session."""
     if not _archive:
-        _archive.append(_Archive(options))
+        _archive.append(_Archive(options, daemon_options))
+
+
+def wait(timeout: float = 300) -> None:
+    """Returns once the archive is made (or failed to be), or after ``timeout`` s: a JVM started
+    after that maps it. Nothing to wait for in a session that did not :func:`make` one."""
+    for archive in _archive:
+        archive.thread.join(timeout=timeout)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -105,10 +105,14 @@ class StandaloneCluster:
 
     def _start(self, name: str, main_class: str, *args: str) -> None:
         log = open(self.folder / f"{name}.log", "wb")  # noqa: SIM115 - the process writes it until it stops
-        env = clean_env(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(self.folder))
+        # The drivers' configuration folder (SPARK_HOME/conf, which the wheel does not have), not one
+        # of the cluster's: it starts every JVM's class path, and the session's class-data archive
+        # (tests/spark_archive.py) maps only into JVMs whose class path is the one it was made with.
+        env = clean_env(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(SPARK_HOME / "conf"))
         env["SPARK_LOG_DIR"] = str(self.folder)
         # A worker's executors are JVMs it starts with its own environment: they compile with C1
-        # only, like the suite's other JVMs (tests/conftest.py), their "Picked up" line in their logs.
+        # only, like the suite's other JVMs (tests/conftest.py), and map the archive, their "Picked
+        # up" line in their logs.
         env["JAVA_TOOL_OPTIONS"] = env.get("JAVA_TOOL_OPTIONS", os.environ.get("SPARK_DAEMON_JAVA_OPTS", ""))
         process = subprocess.Popen(
             [str(SPARK_HOME / "bin" / "spark-class"), main_class, "--host", "127.0.0.1", *args],

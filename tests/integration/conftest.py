@@ -46,9 +46,12 @@ def executor_python(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory) -> Iterator:
-    """A Spark standalone master and two workers, separate processes (see tests/integration/cluster.py)."""
+    """A Spark standalone master and two workers, separate processes (see tests/integration/cluster.py),
+    started once the session's class-data archive is made, so that they and every executor map it."""
+    from tests import spark_archive
     from tests.integration.cluster import StandaloneCluster
 
+    spark_archive.wait()
     with StandaloneCluster(tmp_path_factory.mktemp("spark-cluster"), workers=2) as cluster:
         yield cluster
 
