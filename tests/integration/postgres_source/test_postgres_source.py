@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from psycopg2.extras import LogicalReplicationConnection
 
-from reclock.errors import ConfigError, TransientError
+from reclock.errors import ConfigError, DefiniteSourceError, TransientError
 from reclock.persist.lake import Lake, sink_id
 from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.planes import LocalDataPlane
@@ -175,6 +175,32 @@ def test_a_table_rewritten_after_the_snapshot_is_exported_is_captured_again_not_
     pipeline.step()  # the capture again, at a new slot
     landed = output_table(tmp_path / "lake", "pg", "public_t")
     assert sorted((r["id"], r["v"]) for r in landed.to_pylist()) == sorted(query(postgres, db, "SELECT id, v FROM t"))
+    drop_slot(postgres, db, source.options.slot)
+
+
+def test_a_column_dropped_after_the_snapshot_is_exported_is_one_line_naming_the_table(postgres, tmp_path):
+    """``DROP COLUMN`` rewrites nothing (the snapshot's check of the table's file passes), but the
+    copy's query names the column the table had at the export, which the server no longer knows:
+    a definite error (the stream would refuse the dropped column next anyway), said in one line
+    naming the chunk and the table, not the server's text with its query and caret. Nothing is
+    bound and no file of the landing stays."""
+    db = "dropped"
+    postgres.create_database(db)
+    execute(postgres, db, "CREATE TABLE t (id int PRIMARY KEY, v text)", "INSERT INTO t VALUES (1, 'a'), (2, 'b')")
+
+    class DroppingFirst(LocalDataPlane):
+        def run(self, plan, splits):  # the first run is the capture's landing ahead
+            execute(postgres, db, "ALTER TABLE t DROP COLUMN v")
+            return super().run(plan, splits)
+
+    source = make_source(postgres, db, tmp_path, tables=["t"])
+    pipeline = Pipeline("pg", tmp_path / "lake", source, data_plane=DroppingFirst())
+    with pytest.raises(DefiniteSourceError) as failed:
+        pipeline.step()
+    message = str(failed.value)
+    assert "\n" not in message and "chunk 0 of public.t" in message and 'column "v" does not exist' in message
+    assert len(pipeline.remap.bindings) == 0
+    assert not list((tmp_path / "lake" / "pg" / "outputs").rglob("*.parquet"))
     drop_slot(postgres, db, source.options.slot)
 
 
