@@ -441,9 +441,9 @@ class _Owners:
             return
         offs = np.asarray(offsets.to_numpy())
         if len(self.by_partition) == 1:
-            ((name, owners),) = self.by_partition.items()
-            if pc.all(pc.equal(partitions, name)).as_py():
-                yield from self._by_offset(owners, offs)
+            ((only, holders),) = self.by_partition.items()
+            if pc.all(pc.equal(partitions, only)).as_py():
+                yield from self._by_offset(holders, offs)
                 return
         encoded = pc.dictionary_encode(partitions)
         if isinstance(encoded, pa.ChunkedArray):

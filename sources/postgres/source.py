@@ -390,10 +390,10 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         which balance tasks, cost little each; any other split as :meth:`read` gives it."""
         copies = [s for s in splits if isinstance(s, ChunkSplit) and s.copy is not None]
         specs = {spec.output: spec for spec in self._read_specs}
-        for split, rows in zip(copies, copy_in_turn([s.copy for s in copies if s.copy is not None]), strict=True):
-            assert split.copy is not None
+        for chunk, rows in zip(copies, copy_in_turn([s.copy for s in copies if s.copy is not None]), strict=True):
+            assert chunk.copy is not None
             yield from self._chunk_batches(
-                rows, specs[split.copy.spec.output], split.partition, split.start, split.consistent_lsn
+                rows, specs[chunk.copy.spec.output], chunk.partition, chunk.start, chunk.consistent_lsn
             )
         for split in splits:
             if not (isinstance(split, ChunkSplit) and split.copy is not None):

@@ -420,6 +420,16 @@ def _sleep_while_alive(job: subprocess.Popen, seconds: float) -> None:
 
 
 def _finish(target: Target, campaign: Campaign, report: Report, lock: threading.Lock) -> None:
+    """:func:`_finish_run`, whose failure (a job that does not exit after its stop) is an anomaly
+    of the report: it runs on a thread of its own, where an exception would only be a warning."""
+    try:
+        _finish_run(target, campaign, report, lock)
+    except Exception as exc:
+        with lock:
+            report.anomalies.append(f"{target.name} final run failed: {exc!r}: {target.stderr.read_text()[-1500:]}")
+
+
+def _finish_run(target: Target, campaign: Campaign, report: Report, lock: threading.Lock) -> None:
     """One last run on the in-driver engine: catch up, then a clean ``reclock stop``."""
     if target.engine != "local":
         target.define("local")
