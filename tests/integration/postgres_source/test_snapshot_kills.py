@@ -3,9 +3,9 @@
 ``big`` holds 1,000,000 rows (issue 22's acceptance 2; the whole test takes about 15 s here, so
 it is not behind ``--long``). ``reclock start`` captures it in chunks of a few pages, on the
 driver plane's threads, landed ahead of its binding as the output's own files (uncommitted); the
-test watches the capture's copies in the server (``pg_stat_activity``: the page range of the
-chunk each task copies now) and SIGKILLs the job once they are past a third of the table and the
-manifest does not exist, so the kill lands inside the capture, never by timing. The restarted
+test sees the slot's exporting connection in the server (``pg_stat_activity``), takes an
+exclusive lock on the table unless the tasks copy it already (the capture then waits for it),
+and SIGKILLs the job, so the kill lands inside the capture, never by timing. The restarted
 job captures again at a new slot and streams inserts, updates, deletes and key changes made
 after it. At the end the output, read from outside (the Delta log replayed by
 ``tests.faults.reader``, a lake in S3 copied out with boto3 first), equals the database's own
@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import closing, suppress
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 from tests.faults.reader import DeltaLog, read_rows
@@ -74,31 +74,36 @@ def _start(lake: str, name: str, env: dict[str, str], stderr: Path) -> subproces
         )
 
 
-def _copying_from(postgres, db: str) -> int:
-    """The highest first page of the chunks of ``big`` being copied now (-1: none)."""
+def _exporting(postgres, db: str) -> bool:
+    """Whether a capture is under way: its slot's exporting replication connection is open (the
+    server's own ``pg_stat_activity``; nothing else of the job replicates before a manifest)."""
     with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
-        cur.execute("SELECT query FROM pg_stat_activity WHERE state = 'active' AND query LIKE 'COPY (SELECT%big%'")
-        lows = [int(m.group(1)) for (query,) in cur.fetchall() if (m := re.search(r"ctid >= '\((\d+),0\)'", query))]
-    return max(lows, default=-1)
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE backend_type = 'walsender' "
+            "AND datname = current_database())"
+        )
+        return cur.fetchone()[0]
 
 
 def _kill_inside_the_capture(
     postgres, db: str, job: subprocess.Popen, manifest: Callable[[], bool], stderr: Path
-) -> int:
-    """SIGKILL ``job`` once its capture copies past a third of ``big`` and wrote no manifest;
-    the first page of the chunk it copied then."""
-    with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
-        cur.execute("SELECT pg_relation_size('big') / current_setting('block_size')::int")
-        third = int(cur.fetchone()[0]) // 3
+) -> None:
+    """SIGKILL ``job`` inside its capture, by construction: once its slot's snapshot is exported,
+    the test takes an exclusive lock on ``big`` (unless the tasks copy it already), so the capture
+    waits for it, and kills; the manifest must not exist after."""
     deadline = time.monotonic() + 240
-    while (page := _copying_from(postgres, db)) < third:
+    while not _exporting(postgres, db):
         assert job.poll() is None, stderr.read_text()[-3000:]
-        assert time.monotonic() < deadline, "the capture never copied past a third of the table"
+        assert not manifest(), "the capture ended before the test saw it"
+        assert time.monotonic() < deadline, "the capture never started"
         time.sleep(0.02)
-    os.killpg(job.pid, signal.SIGKILL)
-    job.wait(timeout=30)
+    with closing(postgres.connect(db)) as held:
+        held.autocommit = False  # the lock lasts until the connection closes, after the kill
+        with suppress(psycopg2.errors.LockNotAvailable), held.cursor() as cur:
+            cur.execute("LOCK TABLE big IN ACCESS EXCLUSIVE MODE NOWAIT")
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
     assert not manifest(), "the kill landed after the capture: the test must kill inside it"
-    return page
 
 
 def _run(
