@@ -23,10 +23,10 @@ tables: a reader's keepalive confirms that, see docs/sources/postgres.md). A thi
 once.
 
 The first two kills land inside the snapshot's capture, whose tasks land the chunks ahead of
-their binding. The first by construction: once the capture's tasks copy (``pg_stat_activity``
-shows their ``COPY``), the test takes an exclusive lock on ``history`` (unless a task copies it
-already), so its chunks wait; the test sees the slot's exporting connection still open and kills
-then, with no manifest. The second once the tasks copy ``history`` from a random page of its
+their binding. The first by construction: once the slot's exporting connection is open
+(``pg_stat_activity``), the test takes an exclusive lock on ``history`` (unless a task copies it
+already), so the capture waits for it; the test sees the exporting connection still open and
+kills then, with no manifest. The second once the tasks copy ``history`` from a random page of its
 first half on.
 
 The short lane kills 4 times; ``--long`` (scripts/test --long) 24 times.
@@ -328,9 +328,10 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
             deadline = time.monotonic() + 120
             held = None
             if kill == 0:  # the capture is held before its copy of history: the kill lands inside it
-                while max(_copying(dsn, "checking"), _copying(dsn, "savings"), _copying(dsn, "history")) < 0:
+                while not _capturing(dsn):
                     assert job.poll() is None, stderr.read_text()[-3000:]
-                    assert time.monotonic() < deadline, "the capture never copied a chunk"
+                    assert not manifest.exists(), "the capture ended before the test saw it"
+                    assert time.monotonic() < deadline, "the capture never started"
                     time.sleep(0.01)
                 held = psycopg2.connect(dsn)
                 with suppress(psycopg2.errors.LockNotAvailable), held.cursor() as cur:
