@@ -24,6 +24,7 @@ from reclock.persist.lake import Lake
 from reclock.persist.windows import window_path
 from reclock.runtime.pipeline import Pipeline
 from reclock.testing import FakeClock
+from tests.integration.postgres_source.test_postgres_joined_outputs import _setup
 from tests.integration.postgres_source.test_postgres_source import drop_slot, execute, make_source
 
 SIZE = 10_000
@@ -73,11 +74,6 @@ publication = "p_{db}"
     config = parse_config(tomllib.loads(text), file="pg.toml")
     lifecycle.create(config, file="pg.toml")
     return config
-
-
-def _setup(postgres, db: str) -> None:
-    postgres.create_database(db)
-    execute(postgres, db, "CREATE TABLE a (id int PRIMARY KEY, v int)", "INSERT INTO a VALUES (1, 1), (2, 2)")
 
 
 def _pipeline(postgres, db: str, tmp_path: Path, config, clock: FakeClock) -> Pipeline:
