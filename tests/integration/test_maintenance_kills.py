@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,6 +139,26 @@ def _kill_at_the_first_output_commit(lake: Path, rows: dict[str, list[tuple]]) -
     return _files(lake)
 
 
+def _kill_between_output_commits(lake: Path, rows: dict[str, list[tuple]], attempts: int = 3) -> int:
+    """:func:`_kill_at_the_first_output_commit`, tried again on a copy of the lake as it was while
+    the kill left every output merged: CI's suite run once saw all three outputs merged at the first
+    look (the look's process was not scheduled while the optimize ran, by all appearances). Each
+    killed attempt must leave the rows exactly ``rows``; returns the live output files after the
+    last attempt."""
+    spare = lake.with_name(lake.name + "-before-optimize")
+    shutil.copytree(lake, spare)
+    merged_all = len(Lake.at(lake).outputs("m"))  # at most one file each
+    for attempt in range(attempts):
+        if attempt:
+            shutil.rmtree(lake)
+            shutil.copytree(spare, lake)
+        files = _kill_at_the_first_output_commit(lake, rows)
+        if files > merged_all:
+            break
+    shutil.rmtree(spare)
+    return files
+
+
 def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path, long_lane):
     step, kills = (0.04, None) if long_lane else (0.12, 8)
     lake = _define(tmp_path, every=0)
@@ -147,7 +168,7 @@ def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resu
     remap_before = Remap.read(lake / "m" / "remap")
     files_before = _files(lake)
     assert files_before > 40, "too few small files for maintenance to have work"
-    merged = [_kill_at_the_first_output_commit(lake, before), *_kill_until_done(lake, "optimize", before, step, kills)]
+    merged = [_kill_between_output_commits(lake, before), *_kill_until_done(lake, "optimize", before, step, kills)]
     _kill_until_done(lake, "vacuum", before, step, kills)
     assert any(merged[-1] < n < files_before for n in merged[:-1]), f"no kill landed between commits: {merged}"
     done = reclock_in_process("--lake", str(lake), "optimize", "m")
