@@ -137,9 +137,19 @@ class EmbeddedBroker:
         assert last is not None
         raise last
 
-    def pause(self) -> None:
-        """Freeze the broker (SIGSTOP to its own PID): connections hang, nothing is refused."""
+    def pause(self, timeout_s: float = 10.0) -> None:
+        """Freeze the broker (SIGSTOP to its own PID): connections hang, nothing is refused.
+
+        Returns once every thread of the broker is stopped. A thread stops when it next gets a
+        core, which on a loaded machine was after ``kill`` had returned: a fetch sent right after
+        the pause was answered 7 ms later, so a test of the paused broker found nothing paused.
+        Raises :class:`BrokerError` if a thread is still running after ``timeout_s``."""
         self._signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while not self._stopped():
+            if time.monotonic() > deadline:
+                raise BrokerError(f"broker pid {self.pid} did not stop within {timeout_s}s of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         """Thaw a paused broker (SIGCONT)."""
@@ -261,6 +271,19 @@ class EmbeddedBroker:
                 return True
         except OSError:
             return False
+
+    def _stopped(self) -> bool:
+        """Whether every thread of the broker is stopped, as ``/proc`` tells (where there is no
+        ``/proc``, the signal is all there is to go by)."""
+        tasks = Path(f"/proc/{self.pid}/task")
+        if not tasks.is_dir():
+            return True
+        for task in tasks.iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                state = (task / "stat").read_text().rpartition(")")[2].split()[0]
+                if state not in ("T", "t"):
+                    return False
+        return True
 
     def _signal(self, sig: signal.Signals) -> None:
         if self._proc is None or self._proc.poll() is not None:

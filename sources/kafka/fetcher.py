@@ -358,11 +358,16 @@ class Fetcher:
 
     def _refresh(self, deadline: float) -> None:
         """A metadata update (leaders moved), waited for until ``deadline``. Requests still in
-        flight are forgotten (their partitions are asked again, on their new leaders)."""
+        flight are forgotten (their partitions are asked again, on their new leaders). The wait is
+        bounded here: kafka-python's refresh of a silent broker waits out its own 10 s for the new
+        connection's ``ApiVersions`` answer, which made a read with a 1.5 s ``read_timeout_s``
+        report its timeout after 11.5 s."""
         self._inflight.clear()
         manager = self._client._client._manager
         try:
-            manager.run(manager.cluster.refresh_metadata)
+            refreshed = manager.call_soon(manager.cluster.refresh_metadata)
+            wait_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            manager.run(lambda: manager.wait_for(refreshed, wait_ms))
         except Exception as exc:
             if not is_transient(exc):
                 raise

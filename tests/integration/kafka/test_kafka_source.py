@@ -469,7 +469,9 @@ def test_paused_broker_makes_read_and_upper_time_out_with_a_retryable_error():
                 with pytest.raises(SourceTimeout) as info:
                     attempt()
                 assert isinstance(info.value, TransientError)
-                assert time.monotonic() - started < 15
+                # Its read_timeout_s with room for a loaded machine, not kafka-python's own 10 s
+                # wait for a new connection's first answer (a read once took 11.5 s this way).
+                assert time.monotonic() - started < 4 * source.read_timeout_s
         finally:
             own.resume()
         assert sum(b.num_rows for _, b in source.read(split)) == 20
@@ -483,7 +485,7 @@ def test_paused_broker_makes_read_and_upper_time_out_with_a_retryable_error():
             started = time.monotonic()
             with pytest.raises(SourceTimeout, match=r"no progress .* at offset 20"):
                 list(reading)
-            assert time.monotonic() - started < 15
+            assert time.monotonic() - started < 4 * source.read_timeout_s
         finally:
             own.resume()
         source.close()
