@@ -239,17 +239,19 @@ class Store:
 
     # -- parquet -------------------------------------------------------------------------------
 
-    def write_parquet(self, path: LakePath, table: pa.Table) -> int:
-        """Write ``table`` as one snappy parquet file at ``path``; its size in bytes."""
+    def write_parquet(self, path: LakePath, table: pa.Table) -> tuple[int, pq.FileMetaData]:
+        """Write ``table`` as one snappy parquet file at ``path``; its size in bytes and its
+        footer (whose column statistics the writer computed anyway: the Delta log's bounds)."""
+        footer: list[pq.FileMetaData] = []
         if isinstance(path, Path):
-            pq.write_table(table, str(path), compression="snappy")
-            return os.path.getsize(path)
+            pq.write_table(table, str(path), compression="snappy", metadata_collector=footer)
+            return os.path.getsize(path), footer[0]
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="snappy")
+        pq.write_table(table, sink, compression="snappy", metadata_collector=footer)
         data = sink.getvalue()
         with self.filesystem().open_output_stream(path.location) as f:
             f.write(data)
-        return data.size
+        return data.size, footer[0]
 
     def parquet_rows(self, path: LakePath) -> int:
         """Rows of one parquet file, from its footer."""

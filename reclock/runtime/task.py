@@ -399,8 +399,10 @@ class _Owners:
     def __init__(self, splits: list[Split]) -> None:
         self.splits = splits
         self.by_partition: dict[str, list[int]] = {}
-        for i, split in enumerate(splits):
-            self.by_partition.setdefault(encode_partition(split.partition), []).append(i)
+        # each partition's splits by their start, whatever the task's order (packing puts the
+        # heaviest first): a row's split is then the last that starts at or below its offset
+        for i in sorted(range(len(splits)), key=lambda i: splits[i].start):
+            self.by_partition.setdefault(encode_partition(splits[i].partition), []).append(i)
         self.rows = [0] * len(splits)
         self.filtered = [0] * len(splits)
         self.bytes = [0] * len(splits)
@@ -460,11 +462,18 @@ class _Owners:
             yield from self._by_offset(owners, offs[order[bounds[code] : bounds[code + 1]]])
 
     def _by_offset(self, owners: list[int], rows: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-        """``rows`` (offsets of one partition) by which of its splits ``owners`` holds each."""
+        """``rows`` (offsets of one partition) by which of its splits ``owners`` holds each.
+        A batch whose least and greatest offsets fall in one split (a snapshot chunk's, whose
+        rows share one offset) is that split's whole, found from the two alone: looking each row
+        up and grouping them took 0.23 CPU-s of a 2,000,000-row snapshot's 1.9 in one thread."""
         if len(owners) == 1:
             yield owners[0], rows
             return
         starts = np.array([self.splits[i].start for i in owners])
+        first, last = np.searchsorted(starts, [rows.min(), rows.max()], side="right") - 1
+        if first == last:  # every row between the two is that split's too
+            yield owners[first], rows
+            return
         which = np.searchsorted(starts, rows, side="right") - 1
         for j in np.unique(which):  # the owners present only: a batch is mostly one split's
             yield owners[j], rows[which == j]

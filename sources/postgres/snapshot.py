@@ -73,6 +73,8 @@ __all__ = [
 ]
 
 MANIFEST = "snapshot.json"
+#: The largest block the CSV parser takes a chunk's text in (a chunk of big values is cut in more).
+_ONE_BLOCK = 1 << 30
 CHUNKS = "chunks"
 #: Rows a heap page holds, about, for a table the server has not counted yet (its chunks' weight).
 ROWS_PER_PAGE = 50
@@ -380,6 +382,10 @@ def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
     makes pyarrow cut the text into blocks serially: 97 ms instead of 54 ms for 500,000 rows of the
     benchmark's table. So a chunk with no quote at all, the common case, is parsed without it.
 
+    The chunk is parsed as one block, so its columns are one array each, as the batches it
+    becomes need them (:func:`~reclock.sources.postgres.chunks.whole`), without a copy: a task's
+    chunks are parsed side by side with the other task's anyway.
+
     Integer and decimal columns are typed by the parser, which reads their text forms as the cast
     from text would (the same value parsers), without a string column made first only to be cast
     (42 ms of 500,000 rows' casts); a chunk with a value the parser refuses is parsed again as texts,
@@ -398,7 +404,7 @@ def _copy_rows(cur: Any, task: ChunkTask) -> pa.Table:
     def parsed(types: dict[str, pa.DataType]) -> pa.Table:
         return pacsv.read_csv(
             pa.BufferReader(data),
-            read_options=pacsv.ReadOptions(column_names=names),
+            read_options=pacsv.ReadOptions(column_names=names, block_size=min(len(data) + 1, _ONE_BLOCK)),
             parse_options=pacsv.ParseOptions(newlines_in_values=b'"' in data),
             convert_options=pacsv.ConvertOptions(
                 column_types=types,

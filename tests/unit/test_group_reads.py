@@ -10,6 +10,7 @@ import pytest
 from reclock.runtime.pipeline import BatchFailed, BatchState, Pipeline
 from reclock.runtime.planes import LocalDataPlane
 from reclock.runtime.settings import Settings
+from reclock.runtime.task import run_splits
 from reclock.testing import FakeClock, MemorySource
 from tests.unit.test_pipeline import tables
 
@@ -43,6 +44,23 @@ class GroupSource(MemorySource):
             yield output, pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
 
 
+class SplitBatches(GroupSource):
+    """Reads a task's splits as one stream of one batch per split (as a snapshot's chunks are)."""
+
+    def read_group(self, splits):
+        self.group_reads += 1
+        for split in splits:
+            yield from MemorySource.read(self, split)
+
+
+class PackedPlane(LocalDataPlane):
+    """One task of every split, heaviest first as Spark's packing orders them (the later of two
+    alike first): a partition's splits then come in no order of their offsets."""
+
+    def run(self, plan, splits):
+        return run_splits(plan, sorted(splits, key=lambda s: (s.end - s.start, s.start), reverse=True))
+
+
 def _fill(source: MemorySource) -> dict[str, list]:
     source.append("a", "clicks", [{"user": i} for i in range(7)])  # cut into 3 splits of <= 3 offsets
     source.append("b", "views", [{"page": f"p{i}"} for i in range(2)])
@@ -51,10 +69,15 @@ def _fill(source: MemorySource) -> dict[str, list]:
     return {"clicks": sorted([*range(7), *range(100, 104)]), "views": ["p0", "p1"]}
 
 
-def test_a_group_read_lands_every_row_once_and_counts_them_per_split(tmp_path):
-    source = GroupSource()
+@pytest.mark.parametrize(
+    ("kind", "plane"),
+    [(GroupSource, LocalDataPlane), (GroupSource, PackedPlane), (SplitBatches, PackedPlane)],
+    ids=["spanning batches", "spanning batches, splits packed", "a batch per split, splits packed"],
+)
+def test_a_group_read_lands_every_row_once_and_counts_them_per_split(tmp_path, kind, plane):
+    source = kind()
     expected = _fill(source)
-    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), data_plane=LocalDataPlane())
+    pipeline = Pipeline("p", tmp_path, source, now=FakeClock(1000), data_plane=plane())
     report = pipeline.step()
     assert report.state == BatchState.SUCCEEDED
     assert source.group_reads == 1 and source.split_reads == 0

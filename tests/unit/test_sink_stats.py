@@ -17,12 +17,13 @@ import math
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import DeltaTable, QueryBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reclock.persist.sink import OutputSink, table_schema, write_data_file
+from reclock.persist.sink import OutputSink, _stats_json, table_schema, write_data_file
 
 _UTC = dt.UTC
 
@@ -187,3 +188,45 @@ def test_decimal_and_timestamp_extremes_round_trip(tmp_path):
     sink.commit([write_data_file(str(sink.path), "out", table)], 1)
     _log_entries(sink.path)
     assert _rows(_engine(sink.path, "SELECT * FROM t").cast(schema)) == _rows(table)
+
+
+def test_bounds_taken_from_the_parquet_footer_are_the_rows_own_over_every_row_group(tmp_path):
+    """Integer and string bounds come from the writer's footer, not a second pass: they must be
+    the rows' exact least and greatest values whichever row group holds them, in the readers'
+    order (unsigned 64-bit, UTF-8 bytes), with no bound for a column the footer lacks one for
+    (a row group of nulls only, a string too long) and float bounds still refused beside NaN."""
+    long = "z" * 65
+    table = pa.table(
+        {
+            "i8": pa.array([3, -128, 127, 0, None, 5], pa.int8()),
+            "u64": pa.array([2**64 - 1, 1, 7, 2**63, 2**63 - 1, 9], pa.uint64()),
+            "s": ["b", "é", "a" * 64, "\u0000", None, "Z"],
+            "ls": pa.array(["m", "n", "o", "p", "q", "a"], pa.large_string()),
+            "late": [None, None, None, "x", "y", "w"],
+            "wide": ["a", "b", long, "c", "d", "e"],
+            "f": [1.0, 2.0, math.nan, 0.5, None, 3.0],
+            "g": [1.5, -2.0, None, 0.25, 8.0, 3.0],
+            "_into_ts": pa.array([7] * 6, pa.int64()),
+        }
+    )
+    footer: list[pq.FileMetaData] = []
+    pq.write_table(table, tmp_path / "f.parquet", row_group_size=3, metadata_collector=footer)
+    assert footer[0].num_row_groups == 2
+    stats = json.loads(_stats_json(table, footer[0]))
+    assert stats["numRecords"] == 6
+    assert stats["minValues"] == {"i8": -128, "u64": 1, "s": "\u0000", "ls": "a", "g": -2.0, "_into_ts": 7}
+    assert stats["maxValues"] == {"i8": 127, "u64": 2**64 - 1, "s": "é", "ls": "q", "g": 8.0, "_into_ts": 7}
+    assert stats["nullCount"] == {
+        "i8": 1,
+        "u64": 0,
+        "s": 1,
+        "ls": 0,
+        "late": 3,
+        "wide": 0,
+        "f": 1,
+        "g": 1,
+        "_into_ts": 0,
+    }
+    for name in ("s", "u64", "i8"):  # the same as a pass over the rows
+        bounds = pc.min_max(table.column(name))
+        assert (stats["minValues"][name], stats["maxValues"][name]) == (bounds["min"].as_py(), bounds["max"].as_py())
