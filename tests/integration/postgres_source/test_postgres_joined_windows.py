@@ -11,19 +11,17 @@ delta-rs (``deltalake``), against the changes the test made in each step.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
 from reclock.errors import DefiniteSourceError
-from reclock.job import lifecycle
-from reclock.job.config import parse_config
 from reclock.persist.lake import Lake
 from reclock.persist.windows import window_path
 from reclock.runtime.pipeline import Pipeline
 from reclock.testing import FakeClock
+from tests.integration.postgres_source.test_postgres_joined_outputs import _definition as joined_definition
 from tests.integration.postgres_source.test_postgres_joined_outputs import _setup
 from tests.integration.postgres_source.test_postgres_source import drop_slot, execute, make_source
 
@@ -56,24 +54,8 @@ aggregates = { total = "sum(total)" }
 
 
 def _definition(postgres, db: str, tmp_path: Path, extra: str):
-    text = f"""
-[pipeline]
-name = "pg"
-lake = "{tmp_path / "lake"}"
-engine = "local"
-
-[source]
-kind = "postgres"
-dsn = "{postgres.dsn(db)}"
-tables = ["a", "*"]
-envelope = "append"
-slot = "s_{db}"
-publication = "p_{db}"
-{extra}
-"""
-    config = parse_config(tomllib.loads(text), file="pg.toml")
-    lifecycle.create(config, file="pg.toml")
-    return config
+    """The joined-outputs test's definition over ``a`` and ``"*"`` with append outputs and ``extra``."""
+    return joined_definition(postgres, db, tmp_path, ["a", "*"], extra, envelope="append")
 
 
 def _pipeline(postgres, db: str, tmp_path: Path, config, clock: FakeClock) -> Pipeline:
