@@ -33,6 +33,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from reclock.errors import DefiniteSourceError
 from reclock.persist.layout import INTO_DATE, RESCUED, OutputLayout, read_files
+from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.store import LakePath, Store
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION, UNKNOWN_FIELDS
 
@@ -135,6 +136,7 @@ def commit_new_fields(
         schema_mode="merge",
         partition_by=list(layout.partition_by) or None,
         commit_properties=properties,
+        post_commithook_properties=hooks_for_next_commit(table),
     )
     return merged
 

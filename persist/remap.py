@@ -43,6 +43,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
 from reclock.persist.faults import lake_io
+from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.read import read_table
 from reclock.persist.sink import write_data_file
 from reclock.persist.store import LOCAL, LakePath, Store, StorePath
@@ -280,6 +281,7 @@ class RemapTable:
             mode=mode,
             schema=self._table.schema(),
             commit_properties=CommitProperties(max_commit_retries=0, app_transactions=labels),
+            post_commithook_properties=hooks_for_next_commit(self._table),
         )
         self._table.load_as_version(version + 1)
 

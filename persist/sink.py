@@ -42,6 +42,7 @@ from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields, new_fields_of
 from reclock.persist.faults import lake_io
 from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
+from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 from reclock.timeline.frontier import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
 
@@ -162,7 +163,13 @@ def append_unlabelled(path: LakePath, files: list[DataFile], store: Store = LOCA
     actions: list[AddAction | RemoveAction] = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
     properties = CommitProperties(custom_metadata={"reclock.note": note})
     with lake_io(f"appending to output table {_root(path).name}"):
-        table.create_write_transaction(actions, mode="append", schema=table.schema(), commit_properties=properties)
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=table.schema(),
+            commit_properties=properties,
+            post_commithook_properties=hooks_for_next_commit(table),
+        )
 
 
 def _root(root: str | LakePath) -> LakePath:
@@ -374,7 +381,13 @@ class OutputSink:
             self._merge(table, self.staging, files, properties, new)
             if table.version() == held:
                 # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
-                table.create_write_transaction([], mode="append", schema=table.schema(), commit_properties=properties)
+                table.create_write_transaction(
+                    [],
+                    mode="append",
+                    schema=table.schema(),
+                    commit_properties=properties,
+                    post_commithook_properties=hooks_for_next_commit(table),
+                )
             elif new:
                 self.schema = pa.schema([*self.schema, *(pa.field(name, pa.string()) for name in new)])
         elif any(f.new_fields for f in files):
@@ -390,6 +403,7 @@ class OutputSink:
                 schema=table.schema(),
                 partition_by=list(self.layout.partition_by) or None,
                 commit_properties=properties,
+                post_commithook_properties=hooks_for_next_commit(table),
             )
 
     def _merge(
@@ -427,7 +441,13 @@ class OutputSink:
         on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.key)
         merge = (
             table.merge(
-                batch, on, source_alias="s", target_alias="t", merge_schema=bool(new), commit_properties=properties
+                batch,
+                on,
+                source_alias="s",
+                target_alias="t",
+                merge_schema=bool(new),
+                commit_properties=properties,
+                post_commithook_properties=hooks_for_next_commit(table),
             )
             .when_matched_delete(predicate=f"s.`{DELETED}`")
             .when_matched_update(columns, predicate=f"NOT s.`{DELETED}`")

@@ -33,6 +33,7 @@ from deltalake import DeltaTable, write_deltalake
 from reclock.persist import maintenance
 from reclock.persist.lake import Lake
 from reclock.persist.lease import LeaseLost
+from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.read import read_table
 from reclock.timeline.frontier import wall_clock_ms
 
@@ -183,7 +184,9 @@ class StatusTables:
                 return
             table = self._tables[name] = self.lake.store.open_table(path)
         # schema_mode "merge": a lake written before a column was added gains it
-        write_deltalake(table, data, mode="append", schema_mode="merge")
+        write_deltalake(
+            table, data, mode="append", schema_mode="merge", post_commithook_properties=hooks_for_next_commit(table)
+        )
 
     def close(self) -> None:
         self._stop.set()

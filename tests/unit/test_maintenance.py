@@ -155,3 +155,32 @@ def test_a_writer_racing_a_long_running_pipeline_is_still_refused(tmp_path):
     pipeline.source.append(0, "clicks", [{"user": 8, "n": 8}])
     pipeline.step()  # and the job itself is not disturbed by the losers
     assert pipeline.resume_upper == 252_001
+
+
+def test_the_expired_log_is_still_dropped_at_each_checkpoint_of_a_batch_commit(tmp_path):
+    """reclock asks delta-rs to look for expired log entries only at a checkpoint's commit
+    (:mod:`reclock.persist.post_commit`): the log stays bounded all the same. With a retention
+    of 0 minutes and a checkpoint every 10 versions (the table's own property, which the hook
+    reads), every entry older than the newest checkpoint is gone after each checkpoint."""
+    script = [[(0, 1, i)] for i in range(3)]
+    pipeline, clock, _ = _drive(tmp_path, script, set(), Maintenance(every=0, history_minutes=0))
+    pipeline.maintain()  # the retention properties: 0 minutes
+    path = Lake.at(tmp_path).output_path("pipe", "clicks")
+    DeltaTable(str(path)).alter.set_table_properties({"delta.checkpointInterval": "10"})
+    log = path / "_delta_log"
+
+    def versions(suffix: str) -> list[int]:
+        return sorted(int(p.name.split(".")[0]) for p in log.iterdir() if p.name.endswith(suffix))
+
+    for tick in range(4, 40):
+        clock.ms = 1000 * tick
+        pipeline.source.append(0, "clicks", [{"user": 1, "n": tick}])
+        pipeline.step()
+        newest = versions(".json")[-1]
+        checkpoint = max(versions(".checkpoint.parquet"))
+        if newest % 10 == 9:  # delta-rs checkpoints versions 9, 19, ... at an interval of 10
+            assert checkpoint == newest, f"no checkpoint at version {newest}"
+            kept = versions(".json")
+            assert kept[0] >= checkpoint, f"the log before checkpoint {checkpoint} was kept: {kept}"
+    assert newest >= 39  # three checkpoints of the batches' own commits were seen
+    assert sorted(read_as_of(tmp_path, "pipe", clock.ms)["clicks"]["n"].to_pylist()) == [0, 1, 2, *range(4, 40)]
