@@ -13,6 +13,7 @@ the Postgres source's snapshot capture) through its ``map``, where its batches' 
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -265,6 +266,7 @@ class StartingSparkDataPlane:
                 return
             self._failure = failure
             self._done.set()
+        atexit.register(_kill_a_starting_jvm)
         if self.warn:
             log.warning("%s", failure)
 
@@ -298,3 +300,15 @@ class StartingSparkDataPlane:
                 else spark
             )
         return self._plane
+
+
+def _kill_a_starting_jvm() -> None:
+    """At the exit of a process that gave up on its Spark session: SIGKILL the JVM that pyspark
+    launched for it, if one is still running. Left alone, that JVM shuts down when the process's
+    end closes its stdin, and a SparkContext still starting then logs its failure (a stack trace of
+    shutdown hooks) on the job's stderr, after the job said in one line why it failed."""
+    from pyspark import SparkContext
+
+    process = getattr(SparkContext._gateway, "proc", None)
+    if process is not None and process.poll() is None:
+        process.kill()
