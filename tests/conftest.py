@@ -102,12 +102,19 @@ def reclock_processes() -> Iterator[None]:
     and the machine's cores through every later test.
 
     Function-scoped, so it sets up after every session and module fixture: the processes those
-    start (the broker, Spark, moto) are already children when it looks, and are left alone.
+    start (the broker, Spark, moto) are already children when it looks, and are left alone. The
+    commands :mod:`tests.zygote` forked for the test are the zygote's children, found there.
     """
-    before = set(_children())
+    from tests import zygote
+
+    before, forked = set(_children()), set(zygote.spawned)
     yield
-    for pid, argv in _children().items():
-        if pid in before or not any("reclock" in arg for arg in argv):
+    left = {pid: argv for pid, argv in _children().items() if pid not in before and pid != zygote.server_pid()}
+    server = zygote.server_pid()
+    if server is not None:  # commands the zygote forked for this test (its children, not this process's)
+        left |= {pid: ["reclock"] for pid in _children(server) if pid in zygote.spawned - forked}
+    for pid, argv in left.items():
+        if not any("reclock" in arg for arg in argv):
             continue
         try:
             if os.getpgid(pid) == pid:  # its own session (a job and its Spark JVM): the whole group
@@ -118,9 +125,9 @@ def reclock_processes() -> Iterator[None]:
             pass
 
 
-def _children() -> dict[int, list[str]]:
-    """This process's live children and their command lines, from /proc."""
-    me = os.getpid()
+def _children(parent: int | None = None) -> dict[int, list[str]]:
+    """The live children of ``parent`` (this process) and their command lines, from /proc."""
+    me = os.getpid() if parent is None else parent
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

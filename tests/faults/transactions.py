@@ -41,6 +41,7 @@ from pathlib import Path
 from reclock.persist.lake import Lake
 from reclock.sources.kafka import output_name_for
 from reclock.timeline.frontier import Frontier
+from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import write_config
 
@@ -155,9 +156,7 @@ def run_campaign(bootstrap: str, topic: str, work: Path, campaign: Campaign) -> 
             "read_timeout_s": 5.0,
         },
     )
-    created = subprocess.run(
-        [sys.executable, "-m", "reclock.cli", "create", str(config)], capture_output=True, text=True
-    )
+    created = zygote.run(["create", str(config)], capture_output=True, text=True)
     assert created.returncode == 0, created.stderr
     rng = random.Random(campaign.seed)
     feeds = [Feed(bootstrap, topic, i, campaign) for i in range(campaign.producers)]
@@ -292,15 +291,13 @@ def _wait_until_in(lake: Path, name: str, topic: str, ends: dict[int, int], time
 
 
 def _cli(lake: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), *args], capture_output=True, text=True, timeout=120
-    )
+    return zygote.run(["--lake", str(lake), *args], capture_output=True, text=True, timeout=120)
 
 
 def _start(lake: Path, name: str, stderr: Path) -> subprocess.Popen:
     with open(stderr, "ab") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name],
+        return zygote.popen(
+            ["--lake", str(lake), "start", name],
             env={**os.environ, "PYSPARK_PYTHON": sys.executable},
             stdout=subprocess.DEVNULL,
             stderr=err,

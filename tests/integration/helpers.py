@@ -17,6 +17,7 @@ from reclock.persist.read import read_table
 from reclock.persist.remap import RemapTable
 from reclock.sources.generator import AUCTIONS, BIDS, PERSONS
 from reclock.timeline.frontier import decode_partition
+from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, read_rows
 
 
@@ -70,10 +71,11 @@ def _stamped(want: int | None, into_ts: int, since: int) -> bool:
 def reclock_cli(
     *args: str, timeout: float = 300, env: dict[str, str] | None = None, **kwargs
 ) -> subprocess.CompletedProcess:
-    """``python -m reclock.cli ARGS`` in a subprocess, in ``env`` (default: this process's)."""
+    """``python -m reclock.cli ARGS`` in its own process (forked by :mod:`tests.zygote`), in ``env``
+    (default: this process's)."""
     env = {**(os.environ if env is None else env), "PYSPARK_PYTHON": sys.executable}
-    return subprocess.run(
-        [sys.executable, "-m", "reclock.cli", *args],
+    return zygote.run(
+        args,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -24,6 +24,7 @@ import pytest
 
 from reclock.sources.files import FilesSource
 from reclock.timeline.frontier import Frontier
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import expected_generator_offsets, write_config
 from tests.integration.s3 import REGION, S3Server
@@ -59,8 +60,8 @@ def _put(server: S3Server, bucket: str, objects: dict[str, bytes]) -> None:
 
 
 def _start(lake_uri: str, name: str, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", lake_uri, "start", name],
+    return zygote.popen(
+        ["--lake", lake_uri, "start", name],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

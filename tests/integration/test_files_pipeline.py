@@ -11,7 +11,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,6 +26,7 @@ from reclock.cli.main import main
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
+from tests import zygote
 from tests.integration.helpers import files_pipeline_config, write_numbered_csvs
 
 
@@ -120,8 +120,8 @@ def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tm
     slow = config(tmp_path, stop_on_error=True, files_per_batch=1, idle_interval=0.2, batch_interval=0.2)
     assert main(["create", str(slow)]) == 0
     lake = str(tmp_path / "lake")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", "ingest"],
+    job = zygote.popen(
+        ["--lake", lake, "start", "ingest"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -148,8 +148,8 @@ def test_a_file_is_all_in_or_all_out_at_every_moment_even_across_sigkill(tmp_pat
     sizes = write_numbered_csvs(folder, 60, lambda f: 3_000 + 137 * f)
     assert main(["create", str(config(tmp_path, stop_on_error=True, idle_interval=0.2))]) == 0
     lake = str(tmp_path / "lake")
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", "ingest"],
+    job = zygote.popen(
+        ["--lake", lake, "start", "ingest"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -248,8 +248,8 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
     kills = 0
     while kills < (len(sizes) if long_lane else 6):
         before = commits(lake)
-        job = subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "ingest"],
+        job = zygote.popen(
+            ["--lake", str(lake), "start", "ingest"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,

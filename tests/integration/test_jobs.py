@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, reclock_cli, write_config
 
@@ -44,8 +45,8 @@ def test_sigkill_mid_run_then_restart_loses_and_duplicates_nothing(tmp_path):
     )
     assert reclock_in_process("create", str(config)).returncode == 0
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "killed"],
+    job = zygote.popen(
+        ["--lake", str(lake), "start", "killed"],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

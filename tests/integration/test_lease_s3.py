@@ -20,6 +20,7 @@ import pytest
 from reclock.persist import conditional
 from reclock.persist.lake import Lake
 from reclock.persist.lease import Lease, LeaseHeld
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.proxy import FaultProxy
 from tests.faults.reader import DeltaLog, Remap, read_rows
@@ -32,8 +33,8 @@ PARTITIONS, LIMIT = 2, 40_000
 
 def _driver(lake_uri: str, env: dict[str, str], log: Path, name: str = "leased") -> subprocess.Popen:
     with open(log, "w") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", lake_uri, "start", name],
+        return zygote.popen(
+            ["--lake", lake_uri, "start", name],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,

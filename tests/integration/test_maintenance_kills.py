@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reclock.persist.lake import Lake
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, write_config
@@ -44,8 +45,8 @@ def _define(tmp_path: Path, every: int, limit: int = LIMIT) -> Path:
 
 
 def _popen(lake: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), *args],
+    return zygote.popen(
+        ["--lake", str(lake), *args],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -86,16 +87,20 @@ def _kill_until_done(
 
     Each run goes on from what the killed ones committed, so the kills sweep the work at
     ``step``: an optimize of three small outputs takes a few tenths of a second after the
-    interpreter's start-up, and coarse steps can jump over every commit but the last (which
-    :func:`_kill_at_the_first_output_commit` does not). Each step is a process start, about a
-    second of CPU, and under load the work takes longer, so the steps it needs grow: the long
-    lane sweeps at 0.04 s to the end, the default at 0.12 s for at most ``kills`` kills. After
-    every kill the rows must be exactly ``rows``; returns the live output files seen after each run.
+    command's start-up, and coarse steps can jump over every commit but the last (which
+    :func:`_kill_at_the_first_output_commit` does not). The sweep starts where the work does: a
+    few milliseconds in for a command forked by :mod:`tests.zygote`, 0.4 s in for one that had to
+    start its own interpreter. Under load the work takes longer, so the steps it needs grow: the
+    long lane sweeps at 0.04 s to the end, the default at 0.12 s for at most ``kills`` kills.
+    After every kill the rows must be exactly ``rows``; returns the live output files seen after
+    each run.
     """
     seen = []
-    delay = 0.4
+    delay = None
     while True:
         process = _popen(lake, command, "m")
+        if delay is None:
+            delay = 0.02 if isinstance(process, zygote.ForkedPopen) else 0.4
         if kills is not None and len(seen) >= kills:
             process.wait(timeout=120)
         else:

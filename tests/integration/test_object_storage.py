@@ -26,6 +26,7 @@ from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
 from reclock.persist.sink import OutputSink, table_schema, write_data_file
 from reclock.timeline.frontier import Frontier, encode_partition
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import (
@@ -119,8 +120,8 @@ def test_sink_labels_on_the_server_skip_a_replay_and_fence_a_stale_driver(s3_ser
 
 
 def _start(lake_uri: str, name: str, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", lake_uri, "start", name],
+    return zygote.popen(
+        ["--lake", lake_uri, "start", name],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -33,7 +33,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,6 +41,7 @@ import pytest
 
 from reclock.sources.base import Split
 from reclock.sources.generator import BIDS, GeneratorSource
+from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli
 from tests.integration.test_windows import check_windows
@@ -123,8 +123,8 @@ def replace(config: Path, lake: Path, version: str) -> int:
 
 
 def launch(lake: Path, *command: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), *command],
+    return zygote.popen(
+        ["--lake", str(lake), *command],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

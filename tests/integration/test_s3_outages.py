@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.proxy import FaultProxy
 from tests.faults.reader import DeltaLog, Remap, read_rows
@@ -121,8 +122,8 @@ def _start(server: S3Server, proxy: FaultProxy, tmp_path: Path, seconds: float) 
     created = reclock_in_process("create", str(config), env=env)
     assert created.returncode == 0, created.stderr
     with open(tmp_path / "job.log", "w") as err:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", lake_uri, "start", "outages"],
+        job = zygote.popen(
+            ["--lake", lake_uri, "start", "outages"],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,

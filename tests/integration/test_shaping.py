@@ -26,6 +26,7 @@ from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
 from reclock.runtime.shaping import Shape
 from reclock.sources.generator import BIDS, GeneratorSource
 from reclock.testing import FakeClock
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
@@ -81,8 +82,8 @@ def test_a_division_by_zero_lands_good_rows_and_sends_bad_ones_to_errors_exactly
     )
     created = reclock_in_process("create", str(config))
     assert created.returncode == 0, created.stderr
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "frac"],
+    job = zygote.popen(
+        ["--lake", str(lake), "start", "frac"],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -137,8 +138,8 @@ def test_produced_equals_output_plus_filtered_plus_errors_after_a_sigkill(tmp_pa
         outputs={"rows": {"sql": SQL}},
     )
     assert reclock_cli("create", str(config)).returncode == 0
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "frac"],
+    job = zygote.popen(
+        ["--lake", str(lake), "start", "frac"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -155,8 +156,8 @@ def test_produced_equals_output_plus_filtered_plus_errors_after_a_sigkill(tmp_pa
     # seconds were not always enough), then stops cleanly; a duplicate ends the wait too, and fails.
     stderr = tmp_path / "restart.stderr"
     with open(stderr, "wb") as err:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "frac"],
+        job = zygote.popen(
+            ["--lake", str(lake), "start", "frac"],
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,

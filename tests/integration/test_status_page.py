@@ -19,7 +19,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import pytest
 
 from reclock.demo.broker import EmbeddedBroker
 from reclock.persist.asof import latest_cut
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import write_config
 from tests.integration.kafka.conftest import Producer
@@ -78,8 +78,8 @@ def _configs(tmp_path: Path, bootstrap: str, inbox: Path) -> list[Path]:
 
 def _start(lake: Path, name: str, log: Path) -> subprocess.Popen:
     with open(log, "ab") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name],
+        return zygote.popen(
+            ["--lake", str(lake), "start", name],
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
@@ -88,8 +88,8 @@ def _start(lake: Path, name: str, log: Path) -> subprocess.Popen:
 
 def _serve(lake: Path) -> tuple[subprocess.Popen, str]:
     """``reclock ui --port 0`` in a subprocess, and the URL its first line names."""
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "ui", "--port", "0", "--refresh", str(REFRESH_S)],
+    ui = zygote.popen(
+        ["--lake", str(lake), "ui", "--port", "0", "--refresh", str(REFRESH_S)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
 
 from reclock.persist.asof import latest_cut
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import write_config
 
@@ -32,8 +32,8 @@ def test_the_page_over_an_s3_lake_shows_its_pipeline_and_never_its_keys(s3_serve
     assert reclock_in_process(*options, "create", str(config)).returncode == 0
     started = reclock_in_process(*options, "--lake", lake, "start", "bounded", "--max-seconds", "60")
     assert started.returncode == 0, started.stderr
-    ui = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", *options, "--lake", lake, "ui", "--port", "0"],
+    ui = zygote.popen(
+        [*options, "--lake", lake, "ui", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

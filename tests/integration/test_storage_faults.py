@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import files_pipeline_config
@@ -72,8 +72,8 @@ class Dropper(threading.Thread):
 
 
 def _reclock(lake: Path, *args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), *args],
+    return zygote.run(
+        ["--lake", str(lake), *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -109,8 +109,8 @@ def _start(tmp_path: Path, lake: Path) -> tuple[subprocess.Popen, Path]:
     created = reclock_in_process("--lake", str(lake), "create", str(config))
     assert created.returncode == 0, created.stderr
     log = tmp_path / "job.log"
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "ingest"],
+    job = zygote.popen(
+        ["--lake", str(lake), "start", "ingest"],
         stdout=subprocess.DEVNULL,
         stderr=log.open("w"),
         start_new_session=True,

@@ -27,6 +27,7 @@ from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.settings import Settings
 from reclock.runtime.windows import Window
 from reclock.testing import FakeClock, MemorySource
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import files_pipeline_config, write_config, write_numbered_csvs
@@ -76,8 +77,8 @@ def with_windows(config: Path, *windows: dict) -> Path:
 
 
 def start_job(lake: Path, name: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name],
+    return zygote.popen(
+        ["--lake", str(lake), "start", name],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

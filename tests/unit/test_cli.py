@@ -15,6 +15,7 @@ from reclock.cli.main import main
 from reclock.errors import ConfigError
 from reclock.job.config import load_config
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
+from tests import zygote
 
 GOOD = """
 [pipeline]
@@ -108,8 +109,8 @@ def start_running_job(tmp_path) -> tuple[subprocess.Popen, object]:
     path = write(tmp_path, GOOD.replace("limit = 20000", "limit = 200000\nrate = 20000"))
     lake = tmp_path / "lake"
     assert main(["create", str(path)]) == 0
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "orders"],
+    job = zygote.popen(
+        ["--lake", str(lake), "start", "orders"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -298,7 +299,7 @@ def test_command_line_numbers_out_of_range_are_one_line_naming_the_argument(tmp_
 def test_status_piped_into_a_reader_that_goes_away_ends_quietly(tmp_path):
     """``reclock status | head -1``: the reader closes the pipe; no BrokenPipeError on stderr."""
     assert main(["create", str(write(tmp_path, GOOD))]) == 0
-    status = subprocess.Popen(
+    status = subprocess.Popen(  # a real interpreter: its own exit's flush of a closed pipe is pinned
         [sys.executable, "-m", "reclock.cli", "--lake", str(tmp_path / "lake"), "status"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -390,8 +391,8 @@ def free_port() -> int:
 
 def start_job(lake, name: str, max_seconds: float) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name, "--max-seconds", str(max_seconds)],
+    done = zygote.run(
+        ["--lake", str(lake), "start", name, "--max-seconds", str(max_seconds)],
         capture_output=True,
         text=True,
         timeout=240,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from reclock.cli.main import main
+from tests import zygote
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "reclock.json"
@@ -72,8 +72,8 @@ def test_every_dashboard_and_alert_query_names_only_metrics_a_running_job_export
     )
     assert main(["create", str(config)]) == 0
     lake = tmp_path / "lake"
-    job = subprocess.Popen(
-        [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "metered"],
+    job = zygote.popen(
+        ["--lake", str(lake), "start", "metered"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -39,6 +39,7 @@ from reclock.runtime.settings import Settings
 from reclock.sources.base import ERRORS
 from reclock.sources.kafka import KafkaSource, output_name_for
 from reclock.timeline.frontier import Frontier, decode_partition, encode_partition
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import write_config
 from tests.integration.kafka.conftest import Producer
@@ -226,8 +227,8 @@ class _Feeder(threading.Thread):
 
 def _start_job(lake: Path, name: str, stderr: Path) -> subprocess.Popen:
     with open(stderr, "ab") as err:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name],
+        return zygote.popen(
+            ["--lake", str(lake), "start", name],
             env={**os.environ, "PYSPARK_PYTHON": sys.executable},
             stdout=subprocess.DEVNULL,
             stderr=err,

@@ -20,6 +20,7 @@ import pytest
 from reclock.sources.base import ERRORS
 from reclock.sources.kafka import output_name_for
 from reclock.timeline.frontier import Frontier, encode_partition
+from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import write_config
@@ -73,8 +74,8 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
     jobs: list[subprocess.Popen] = []
 
     def start() -> subprocess.Popen:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", lake_uri, "start", name],
+        job = zygote.popen(
+            ["--lake", lake_uri, "start", name],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=stderr,

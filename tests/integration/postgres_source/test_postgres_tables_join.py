@@ -21,6 +21,7 @@ from reclock.persist.asof import read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.runtime.pipeline import Pipeline
 from reclock.sources.postgres.source import PostgresSource
+from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, label_of, read_rows
 from tests.integration.postgres_source.test_postgres_source import drop_slot, execute, make_source, query
 
@@ -339,8 +340,8 @@ def test_a_running_job_lands_a_joining_table_and_status_lists_it(postgres, tmp_p
         raise AssertionError(f"not reached in {seconds} s: {(tmp_path / 'job.err').read_text()[-2000:]}")
 
     with open(tmp_path / "job.err", "ab") as err:
-        job = subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", "pg"],
+        job = zygote.popen(
+            ["--lake", str(lake), "start", "pg"],
             env={**os.environ, "PYSPARK_PYTHON": sys.executable},
             stdout=subprocess.DEVNULL,
             stderr=err,

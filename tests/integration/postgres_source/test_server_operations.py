@@ -21,6 +21,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from tests import zygote
 from tests.faults.reader import DeltaLog, read_rows
 from tests.integration.helpers import reclock_cli, write_config
 from tests.integration.postgres import PostgresServer
@@ -37,8 +38,8 @@ def _execute(server: PostgresServer, database: str, *statements: str) -> list[tu
 
 def _start_job(lake: Path, name: str, stderr: Path) -> subprocess.Popen:
     with open(stderr, "ab") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", name],
+        return zygote.popen(
+            ["--lake", str(lake), "start", name],
             env={**os.environ, "PYSPARK_PYTHON": sys.executable},
             stdout=subprocess.DEVNULL,
             stderr=err,

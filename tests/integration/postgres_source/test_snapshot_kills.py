@@ -29,6 +29,7 @@ from pathlib import Path
 import psycopg2
 import pytest
 
+from tests import zygote
 from tests.faults.reader import DeltaLog, read_rows
 from tests.integration.helpers import reclock_cli, write_config
 from tests.integration.s3 import mirror
@@ -65,8 +66,8 @@ def _database(postgres, db: str) -> dict[int, tuple]:
 
 def _start(lake: str, name: str, env: dict[str, str], stderr: Path) -> subprocess.Popen:
     with open(stderr, "ab") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", lake, "start", name],
+        return zygote.popen(
+            ["--lake", lake, "start", name],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=err,

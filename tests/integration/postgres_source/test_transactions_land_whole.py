@@ -51,6 +51,7 @@ import psycopg2
 import pytest
 
 from reclock.persist.asof import read_as_of
+from tests import zygote
 from tests.faults.reader import _COMMIT, DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli, write_config
 
@@ -122,8 +123,8 @@ class Transfers(threading.Thread):
 
 def _start_job(lake: Path, stderr: Path) -> subprocess.Popen:
     with open(stderr, "ab") as err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "reclock.cli", "--lake", str(lake), "start", NAME],
+        return zygote.popen(
+            ["--lake", str(lake), "start", NAME],
             env={**os.environ, "PYSPARK_PYTHON": sys.executable},
             stdout=subprocess.DEVNULL,
             stderr=err,
