@@ -3,9 +3,10 @@
 A subprocess costs an interpreter start and reclock's imports (a second or two on a loaded
 machine) per command, and most tests call the CLI for what it does, not for its process: a
 ``create``, a ``status --json``, a restart that must land everything. Those call it here. Tests
-that pin the process itself (a SIGKILL, a signal, a lease held by another pid, a log
-configured at interpreter start, an exit status set by Python rather than by ``main``) keep a
-real subprocess (``tests.integration.helpers.reclock_cli``).
+that pin the process itself (a SIGKILL, a signal, a lease held by another pid) start one, forked
+from a warm interpreter (:mod:`tests.zygote`, ``tests.integration.helpers.reclock_cli``); those
+that pin the interpreter's own start or exit (a log configured at interpreter start, an exit
+status set by Python rather than by ``main``) start a real ``python -m reclock.cli``.
 
 ``main`` is built to be embedded: it configures reclock's loggers only while a command runs and
 puts back the signal handlers ``start`` installs. A Spark pipeline is the exception: one process
