@@ -73,6 +73,10 @@ _MAIN = str(_ROOT / "reclock" / "cli" / "__main__.py")
 #: PIDs of the commands this process forked, for the ``reclock_processes`` fixture's clean-up.
 spawned: set[int] = set()
 
+#: The environment the zygote starts in: this process's when the tests were collected, not a
+#: test's patched one (a command gets its own environment; this one only sets up the zygote).
+_START_ENV = dict(os.environ)
+
 
 def server_pid() -> int | None:
     """The PID of this process's zygote, if it has one running."""
@@ -245,10 +249,11 @@ class _Client:
     def __init__(self) -> None:
         self.folder = tempfile.mkdtemp(prefix="reclock-zygote-")
         self.path = os.path.join(self.folder, "socket")
-        self.python_variables = _python_variables(os.environ)
+        self.python_variables = _python_variables(_START_ENV)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.zygote", self.path],
             cwd=_ROOT,
+            env=_START_ENV,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
