@@ -25,7 +25,8 @@ handlers, and a zygote that has gained any other thread by the time it is asked 
 refuses (a thread does not survive ``fork()``, and a lock it held would stay held).
 
 Tests that pin the interpreter's start itself (a log level read at start, an exit status set
-by Python rather than by ``main``) use ``subprocess`` directly.
+by Python rather than by ``main``) use ``subprocess`` directly. ``RECLOCK_TEST_ZYGOTE=0`` in the
+environment turns the zygote off: every command then starts its own interpreter, as before.
 """
 
 from __future__ import annotations
@@ -101,29 +102,18 @@ def popen(args: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(reclock_command(*args), **kwargs)
 
 
-def run(
-    args: Sequence[str], *, input: Any = None, timeout: float | None = None, check: bool = False, **kwargs: Any
-) -> subprocess.CompletedProcess:
+def run(args: Sequence[str], *, timeout: float | None = None, **kwargs: Any) -> subprocess.CompletedProcess:
     """:func:`subprocess.run` of ``reclock ARGS``, its process from :func:`popen`."""
     if kwargs.pop("capture_output", False):
         kwargs["stdout"] = kwargs["stderr"] = subprocess.PIPE
-    if input is not None:
-        kwargs["stdin"] = subprocess.PIPE
     with popen(args, **kwargs) as process:
         try:
-            stdout, stderr = process.communicate(input, timeout=timeout)
-        except subprocess.TimeoutExpired:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except BaseException:  # a timeout, or ^C: the command does not outlive the call
             process.kill()
             process.wait()
             raise
-        except BaseException:
-            process.kill()
-            raise
-        code = process.poll()
-    assert code is not None
-    if check and code:
-        raise subprocess.CalledProcessError(code, process.args, output=stdout, stderr=stderr)
-    return subprocess.CompletedProcess(process.args, code, stdout, stderr)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 
 def _python_variables(env: Mapping[str, str]) -> dict[str, str]:
