@@ -98,7 +98,8 @@ def popen(args: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(reclock_command(*args), **kwargs)
     try:
         return ForkedPopen(reclock_command(*args), **kwargs)
-    except ZygoteRefused:
+    except ZygoteRefused as exc:
+        print(f"tests.zygote: {exc}; this command starts its own interpreter", file=sys.stderr)
         return subprocess.Popen(reclock_command(*args), **kwargs)
 
 
@@ -191,8 +192,9 @@ class ForkedPopen(subprocess.Popen):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(self.args, timeout)
-            ready, _, _ = select.select([self._conn], [], [], left)
-            if ready:
+            poller = select.poll()  # not select(): a test process may hold more than 1,024 files
+            poller.register(self._conn, select.POLLIN)
+            if poller.poll(None if left is None else left * 1000):
                 self._read_status(block=True)
         return self.returncode
 
@@ -307,7 +309,13 @@ def _preload() -> None:
 
 
 def _threads() -> int:
-    return len(os.listdir("/proc/self/task"))
+    """This process's threads but jemalloc's background ones, which jemalloc starts when it
+    likes (sometimes after the preload) and stops and restarts across a fork itself."""
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
+            names.append(f.read().strip())
+    return sum(name != "jemalloc_bg_thd" for name in names)
 
 
 def _safe_to_fork(baseline: int) -> bool:

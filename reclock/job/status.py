@@ -93,11 +93,16 @@ class StatusWriter:
 
 
 def read_status(lake: Lake, pipeline: str, *, now_ms: int | None = None) -> dict[str, Any] | None:
-    """The latest snapshot, with a live health only if its job still runs (see the module doc)."""
-    try:
-        status = json.loads(lake.store.read_text(lake.status_path(pipeline)))
-    except FileNotFoundError:
+    """The latest snapshot, with a live health only if its job still runs (see the module doc).
+
+    Read in one request (:func:`~reclock.persist.conditional.read`): the job rewrites the file
+    every batch, and a read that takes an object's size first and its bytes in a second request
+    (pyarrow's S3 files) can get the first bytes of a longer version that replaced it meanwhile.
+    """
+    found = conditional.read(lake.store, lake.status_path(pipeline))
+    if found is None:
         return None
+    status = json.loads(found[0])
     if status.get("health") not in _LIVE:
         return status
     earlier = f"; last error: {status['last_error']}" if status.get("last_error") else ""

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from reclock.errors import FencedError
+from reclock.job.status import read_status
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
@@ -28,6 +30,7 @@ from reclock.persist.sink import OutputSink, table_schema, write_data_file
 from reclock.timeline.frontier import Frontier, encode_partition
 from tests import zygote
 from tests.cli import reclock_in_process
+from tests.faults.proxy import FaultProxy
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import (
     expected_generator_offsets,
@@ -365,3 +368,30 @@ def test_the_object_storage_guide_recipes_run_against_the_server(s3_server, tmp_
     }
     assert namespace["table"].num_rows == len(expected["bids"])
     assert namespace["label"] >= max(namespace["table"].column("_into_ts").to_pylist())
+
+
+def test_a_status_read_while_its_job_rewrites_it_is_one_version_whole(s3_server):
+    """A job rewrites ``status.json`` every batch while ``reclock status`` and the page read it. A
+    read that took the object's size in one request and its bytes in another got the first bytes
+    of a longer version written in between (a suite run saw a status cut before its closing
+    brace). Here the read's GET is held at a proxy until a longer version has replaced the object:
+    the read must be that version, whole."""
+    proxy = FaultProxy(s3_server.port)
+    try:
+        bucket = s3_server.bucket()
+        lake = Lake.at(f"s3://{bucket}/lake", {**s3_server.storage_options, "endpoint": proxy.endpoint})
+        key = "lake/p/status.json"
+        shorter = {"pipeline": "p", "health": "stopped", "batches": 1}
+        longer = {**shorter, "batches": 2, "last_error": "a longer status " * 20}
+        client = s3_server.client()
+        client.put_object(Bucket=bucket, Key=key, Body=json.dumps(shorter).encode())
+        proxy.hold(lambda head: head.startswith(b"GET ") and b"status.json" in head.split(b"\r\n")[0], 1.5)
+        read: list = []
+        reader = threading.Thread(target=lambda: read.append(read_status(lake, "p")))
+        reader.start()
+        time.sleep(0.5)  # the read's GET is held now (a two-request read has taken the size)
+        client.put_object(Bucket=bucket, Key=key, Body=json.dumps(longer).encode())
+        reader.join(30)
+        assert read == [longer]
+    finally:
+        proxy.close()
