@@ -286,7 +286,18 @@ def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_w
         time.sleep(0.5)
         second = _start_job(lake, name, stderr)
         jobs.append(second)
-        _wait_for(lambda: len(feeder.produced) > len(killed_at) + 600, 30, "records produced after the kill")
+        # The watch must see the restarted job commit while records still flow: a fast restart must
+        # not end the run before the invariant was checked often enough to mean something.
+        _wait_for(
+            lambda: (
+                watch.failure is not None
+                or (
+                    len(feeder.produced) > len(killed_at) + 600 and watch.observations >= 20 and watch.commits_seen >= 5
+                )
+            ),
+            90,
+            "records produced after the kill, and twenty observations of the group",
+        )
         feeder.stop.set()
         feeder.join(timeout=30)
         assert feeder.failure is None
