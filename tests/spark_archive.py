@@ -20,18 +20,25 @@ sees it whole or not at all. A driver that starts before it is there, or whose c
 differs from the one that wrote it, runs as before: ``-Xshare:auto`` falls back to loading the
 classes, and ``-Xlog:cds*=off`` keeps the JVM's notice of that off its stdout, where a test
 reads only its own output. ``tests/conftest.py`` starts it (:func:`make`), unless the caller set
-``SPARK_SUBMIT_OPTS`` itself (``SPARK_DAEMON_JAVA_OPTS`` likewise); the archive and its folder go
-when the session ends.
+``SPARK_SUBMIT_OPTS`` itself (``SPARK_DAEMON_JAVA_OPTS`` likewise).
+
+**Kept between sessions.** Writing the archive costs its JVM about 20 CPU-s more than a plain
+start (32 against 11), every session, for an archive that is the same as the last one as long
+as the JVM, Spark's jars and the options are. So it is kept in the checkout's ``.cache/``
+folder, under a name made from those three (:func:`_key`), and a session that finds it maps it
+from its first driver on and starts no writer. The JVM checks the rest itself (its own version,
+the class path and each jar's size and time) and ignores an archive that does not match; an
+archive of another key is deleted when a new one is published. ``rm -r .cache`` forgets it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -50,38 +57,69 @@ gateway.proc.wait()
 """
 
 
+#: Where archives are kept between sessions: the checkout's own cache folder (ignored by git).
+CACHE = Path(__file__).resolve().parents[1] / ".cache" / "spark-cds"
+
+
+def _key(options: str) -> str:
+    """What the archive depends on that the JVM would only find out by refusing it: the Java
+    binary, Spark's jars (names and sizes) and the JVM options; a short hash of them."""
+    import pyspark
+
+    digest = hashlib.sha256(options.encode())
+    home = os.environ.get("JAVA_HOME")  # spark-submit's own choice: JAVA_HOME's java, else PATH's
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java") or "java"
+    digest.update(os.path.realpath(java).encode())
+    jars = Path(pyspark.__file__).parent / "jars"
+    for jar in sorted(jars.glob("*.jar")):
+        digest.update(f"{jar.name}:{jar.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
 class _Archive:
-    """The archive's folder and the thread that makes it, to wait for and remove at the end."""
+    """The session's archive: the kept one, or a thread that makes it, to wait for at the end."""
 
     def __init__(self, options: str, daemon_options: str | None) -> None:
-        self.folder = Path(tempfile.mkdtemp(prefix="reclock-cds-"))
-        self.path = self.folder / "spark.jsa"
-        partial = self.folder / "partial.jsa"
+        CACHE.mkdir(parents=True, exist_ok=True)
+        self.path = CACHE / f"spark-{_key(options)}.jsa"
+        self.partial = CACHE / f"partial-{os.getpid()}.jsa"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.thread: threading.Thread | None = None
         quiet = "-Xshare:auto -Xlog:cds*=off"
-        env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} -XX:ArchiveClassesAtExit={partial} {quiet}"}
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", SESSION],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # its JVM in its group, to end with it if the session ends first
-        )
-        self.thread = threading.Thread(target=self._publish, args=(partial,), daemon=True)
-        self.thread.start()
+        if not self.path.exists():
+            env = {**os.environ, "SPARK_SUBMIT_OPTS": f"{options} -XX:ArchiveClassesAtExit={self.partial} {quiet}"}
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", SESSION],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,  # its JVM in its group, to end with it if the session ends first
+            )
+            self.thread = threading.Thread(target=self._publish, daemon=True)
+            self.thread.start()
         os.environ["SPARK_SUBMIT_OPTS"] = f"{options} -XX:SharedArchiveFile={self.path} {quiet}"
         if daemon_options is not None:
             os.environ["SPARK_DAEMON_JAVA_OPTS"] = f"{daemon_options} -XX:SharedArchiveFile={self.path} {quiet}"
 
-    def _publish(self, partial: Path) -> None:
-        if self.process.wait() == 0 and partial.exists():
-            partial.rename(self.path)
+    def _publish(self) -> None:
+        assert self.process is not None
+        if self.process.wait() == 0 and self.partial.exists():
+            self.partial.rename(self.path)
+            for other in CACHE.glob("spark-*.jsa"):  # another key's: another JVM, jars or options
+                if other != self.path:
+                    other.unlink(missing_ok=True)
+
+    def wait(self, timeout: float) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=timeout)
 
     def remove(self) -> None:
-        if self.process.poll() is None:
+        """Ends a writer still running; the archive it published stays for the next session."""
+        if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
-        self.thread.join(timeout=60)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        self.wait(60)
+        self.partial.unlink(missing_ok=True)
 
 
 _archive: list[_Archive] = []
@@ -98,11 +136,11 @@ def wait(timeout: float = 300) -> None:
     """Returns once the archive is made (or failed to be), or after ``timeout`` s: a JVM started
     after that maps it. Nothing to wait for in a session that did not :func:`make` one."""
     for archive in _archive:
-        archive.thread.join(timeout=timeout)
+        archive.wait(timeout)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The archive (about 140 MB) goes with its session; a writer still running is ended first."""
+    """A writer still running is ended; the archive (about 140 MB) stays in the cache."""
     for archive in _archive:
         archive.remove()
     _archive.clear()
