@@ -9,8 +9,9 @@ a fixture that needs ``broker`` makes its tests ``kafka``), so the markers canno
 a test really starts: ``spark``, ``kafka``, ``s3``, ``postgres``, ``browser``, and ``process`` for a
 test that starts ``reclock`` (or a Python that imports it) as a subprocess, which such a test
 declares by using the ``reclock_processes`` fixture. A test with none of these is ``unit``; every
-other one is also ``integration``. ``scripts/test`` runs ``-m unit`` first, then the rest in two
-pytest sessions side by side (``spark or s3``, and the others), so each part is up once per session.
+other one is also ``integration``. ``scripts/test`` runs two pytest sessions side by side (``spark``
+with the tests marked ``beside_spark`` by hand, and the others in a pool of workers), so each part
+is up once per session, or once per worker.
 A part a test reaches without a fixture (a ``reclock start`` subprocess of a Spark pipeline starts
 its own JVM) is marked by hand with the same name, and the hook counts it.
 

@@ -24,6 +24,10 @@ from reclock.sources.base import Output
 from reclock.testing import FakeClock, MemorySource
 from tests.faults.reader import DeltaLog, read_rows
 
+#: Minutes of commits and nothing to wait on: run beside the Spark tests, whose session is shorter
+#: than the pool's (scripts/test).
+pytestmark = pytest.mark.beside_spark
+
 OUTPUTS = {
     "clicks": Output("clicks", pa.schema([("user", pa.int64()), ("n", pa.int64())])),
     "scores": Output("scores", pa.schema([("user", pa.int64()), ("n", pa.int64())]), envelope="upsert", key=("user",)),
