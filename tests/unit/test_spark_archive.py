@@ -39,36 +39,38 @@ def test_a_kept_archive_is_mapped_at_once_and_no_writer_starts(cache) -> None:
     assert kept.read_bytes() == b"an archive"  # kept for the next session
 
 
-def test_publishing_an_archive_removes_the_other_keys(cache) -> None:
-    cache.mkdir()
-    stale = cache / "spark-0000000000000000.jsa"
-    stale.write_bytes(b"another JVM's")
+class _Exited:
+    """A writer's process as ``_publish`` waits for it: ended with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def wait(self) -> int:
+        return self.code
+
+
+def _written(cache, code: int) -> spark_archive._Archive:
+    """An archive whose writer wrote its partial file and ended with ``code``, not yet published."""
+    cache.mkdir(exist_ok=True)
     archive = spark_archive._Archive.__new__(spark_archive._Archive)
     archive.path = cache / "spark-1111111111111111.jsa"
     archive.partial = cache / "partial-1.jsa"
     archive.partial.write_bytes(b"written at exit")
+    archive.process = _Exited(code)  # type: ignore[assignment]
+    return archive
 
-    class Exited:
-        def wait(self) -> int:
-            return 0
 
-    archive.process = Exited()  # type: ignore[assignment]
+def test_publishing_an_archive_removes_the_other_keys(cache) -> None:
+    cache.mkdir()
+    stale = cache / "spark-0000000000000000.jsa"
+    stale.write_bytes(b"another JVM's")
+    archive = _written(cache, 0)
     archive._publish()
     assert archive.path.read_bytes() == b"written at exit"
     assert not archive.partial.exists() and not stale.exists()
 
 
 def test_a_writer_that_failed_publishes_nothing(cache) -> None:
-    cache.mkdir()
-    archive = spark_archive._Archive.__new__(spark_archive._Archive)
-    archive.path = cache / "spark-1111111111111111.jsa"
-    archive.partial = cache / "partial-1.jsa"
-    archive.partial.write_bytes(b"half")
-
-    class Failed:
-        def wait(self) -> int:
-            return 1
-
-    archive.process = Failed()  # type: ignore[assignment]
+    archive = _written(cache, 1)
     archive._publish()
     assert not archive.path.exists()
