@@ -14,9 +14,18 @@ import time
 from reclock.errors import ConfigError, ReclockError
 from reclock.job.config import PipelineConfig, parse_config
 from reclock.persist.lake import Lake
-from reclock.persist.lease import Lease
+from reclock.persist.lease import Lease, read_lease
+from reclock.persist.store import LakePath
 
-__all__ = ["exclusive", "exclusive_after_stop", "load", "missing_lake", "request_stop"]
+__all__ = [
+    "clear_stale_stop",
+    "exclusive",
+    "exclusive_after_stop",
+    "load",
+    "missing_lake",
+    "request_stop",
+    "stop_asked",
+]
 
 
 def load(lake: Lake, name: str) -> tuple[PipelineConfig, int]:
@@ -39,8 +48,39 @@ def missing_lake(lake: Lake) -> ConfigError:
 
 
 def request_stop(lake: Lake, name: str) -> None:
-    """Ask a running job to stop after its in-flight batch."""
-    lake.store.touch(lake.control_dir(name) / "stop")
+    """Ask the running job to stop after its in-flight batch.
+
+    The marker names the job it is for by its lease's token. A job clears the markers of others
+    when it starts (one left by a job that ended before it read it), but it has the lease, and so
+    counts as running for ``reclock stop``, seconds before that (its source and data plane start
+    first): a marker without a name, cleared then, lost a stop asked of a starting job, which ran
+    on. A job keeps a marker with its own token, and stops at its first look.
+    """
+    lease = read_lease(lake, name)
+    lake.store.write_text(_stop_marker(lake, name), "" if lease is None else lease.holder.token)
+
+
+def stop_asked(lake: Lake, name: str, token: str) -> bool:
+    """Whether a stop is asked of the job whose lease has ``token``: one look for the marker (a
+    ``stat``, or a HEAD on an object store), and a read only when there is one."""
+    marker = _stop_marker(lake, name)
+    if not lake.store.exists(marker):
+        return False
+    try:
+        return lake.store.read_text(marker) == token
+    except FileNotFoundError:  # removed between the two looks
+        return False
+
+
+def clear_stale_stop(lake: Lake, name: str, token: str) -> None:
+    """Remove a stop marker asked of another job than the one whose lease has ``token``."""
+    marker = _stop_marker(lake, name)
+    if lake.store.exists(marker) and not stop_asked(lake, name, token):
+        lake.store.delete(marker)
+
+
+def _stop_marker(lake: Lake, name: str) -> LakePath:
+    return lake.control_dir(name) / "stop"
 
 
 def exclusive(lake: Lake, name: str, ttl_s: float | None = None) -> Lease:
@@ -73,5 +113,5 @@ def exclusive_after_stop(lake: Lake, name: str, wait_s: float) -> Lease:
                 raise ReclockError(f"pipeline {name!r} did not stop within {wait_s:g} s") from None
             time.sleep(0.2)
             continue
-        lake.store.delete(lake.control_dir(name) / "stop")
+        lake.store.delete(_stop_marker(lake, name))
         return lock

@@ -23,7 +23,7 @@ from typing import Any, TextIO, TypeAlias
 from reclock.errors import ConfigError, EngineUnavailable, ReclockError, describe
 from reclock.job import status_publish, status_rows
 from reclock.job.config import PipelineConfig, build_source, check_shapes
-from reclock.job.control import exclusive, load, request_stop
+from reclock.job.control import clear_stale_stop, exclusive, load, request_stop, stop_asked
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
 from reclock.job.progress import PlainLines, ProgressView, Tracker
@@ -323,8 +323,8 @@ def _run_leased(
         failed = Status(pipeline=name, health=Health.FAILED.value, last_error=describe(exc), pid=os.getpid())
         status_publish.say(writer, failed)
         raise
-    stop_file = lake.control_dir(name) / "stop"
-    starting(stop, config.settings, "clearing a stop request", lambda: lake.store.delete(stop_file))
+    token = lease.record.holder.token
+    starting(stop, config.settings, "clearing a stop request", lambda: clear_stale_stop(lake, name, token))
     handlers = _on_signals(stop)
     trackers: list[Tracker] = []  # the progress tracker, once there is a pipeline to track
 
@@ -370,7 +370,7 @@ def _run_leased(
         if not lease.lost:
             status_publish.say(writer, status, health=Health.STALLED.value, last_error=error)
 
-    asked = functools.partial(lake.store.exists, stop_file)
+    asked = functools.partial(stop_asked, lake, name, token)
     poll_s = max(config.settings.batch_interval, _STOP_POLL_S) if lake.store.remote else 0.0
     probing = pipeline.minter.probing_for
     watcher = threading.Thread(target=watch, args=(asked, stop, max_seconds, beat, probing, slow, poll_s), daemon=True)
