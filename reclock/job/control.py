@@ -75,7 +75,11 @@ def stop_asked(lake: Lake, name: str, token: str) -> bool:
 def clear_stale_stop(lake: Lake, name: str, token: str) -> None:
     """Remove a stop marker asked of another job than the one whose lease has ``token``."""
     marker = _stop_marker(lake, name)
-    if lake.store.exists(marker) and not stop_asked(lake, name, token):
+    try:
+        stale = lake.store.read_text(marker) != token
+    except FileNotFoundError:
+        return
+    if stale:
         lake.store.delete(marker)
 
 
