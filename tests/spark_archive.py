@@ -25,10 +25,11 @@ reads only its own output. ``tests/conftest.py`` starts it (:func:`make`), unles
 **Kept between sessions.** Writing the archive costs its JVM about 20 CPU-s more than a plain
 start (32 against 11), every session, for an archive that is the same as the last one as long
 as the JVM, Spark's jars and the options are. So it is kept in the checkout's ``.cache/``
-folder, under a name made from those three (:func:`_key`), and a session that finds it maps it
-from its first driver on and starts no writer. The JVM checks the rest itself (its own version,
-the class path and each jar's size and time) and ignores an archive that does not match; an
-archive of another key is deleted when a new one is published. ``rm -r .cache`` forgets it.
+folder, under a name made from those three (:func:`_key`, with each jar's size and time, as
+the JVM checks them: a reinstalled Spark gets a new archive), and a session that finds it maps
+it from its first driver on and starts no writer. The JVM checks the rest itself (its own
+version, the class path) and ignores an archive that does not match; an archive of another key
+is deleted when a new one is published. ``rm -r .cache`` forgets it.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ CACHE = Path(__file__).resolve().parents[1] / ".cache" / "spark-cds"
 
 def _key(options: str) -> str:
     """What the archive depends on that the JVM would only find out by refusing it: the Java
-    binary, Spark's jars (names and sizes) and the JVM options; a short hash of them."""
+    binary, Spark's jars (names, sizes and times: a reinstall makes the JVM refuse the archive,
+    so it must make a new one) and the JVM options; a short hash of them."""
     import pyspark
 
     digest = hashlib.sha256(options.encode())
@@ -72,7 +74,8 @@ def _key(options: str) -> str:
     digest.update(os.path.realpath(java).encode())
     jars = Path(pyspark.__file__).parent / "jars"
     for jar in sorted(jars.glob("*.jar")):
-        digest.update(f"{jar.name}:{jar.stat().st_size}".encode())
+        info = jar.stat()
+        digest.update(f"{jar.name}:{info.st_size}:{info.st_mtime_ns}".encode())
     return digest.hexdigest()[:16]
 
 

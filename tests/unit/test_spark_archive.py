@@ -24,6 +24,20 @@ def test_the_key_follows_the_options_and_is_stable() -> None:
     assert spark_archive._key("-XX:TieredStopAtLevel=1") != spark_archive._key("")
 
 
+def test_a_reinstalled_jar_makes_a_new_key(tmp_path, monkeypatch) -> None:
+    """The JVM refuses an archive whose jars changed size or time: a new key makes a new one."""
+    import pyspark
+
+    jars = tmp_path / "pyspark" / "jars"
+    jars.mkdir(parents=True)
+    jar = jars / "spark-core.jar"
+    jar.write_bytes(b"classes")
+    monkeypatch.setattr(pyspark, "__file__", str(tmp_path / "pyspark" / "__init__.py"))
+    before = spark_archive._key("")
+    os.utime(jar, ns=(jar.stat().st_atime_ns, jar.stat().st_mtime_ns + 1_000_000_000))
+    assert spark_archive._key("") != before
+
+
 def test_a_kept_archive_is_mapped_at_once_and_no_writer_starts(cache) -> None:
     cache.mkdir()
     kept = cache / f"spark-{spark_archive._key('-Xmx1g')}.jsa"
