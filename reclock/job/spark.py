@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
+    "ARROW_POOL",
+    "JIT",
+    "WORKER_POOL",
     "check_master",
     "code_archive",
     "runs_elsewhere",
@@ -42,6 +45,27 @@ __all__ = [
     "spark_session",
     "under_spark_submit",
 ]
+
+#: The JIT of the driver and executor JVMs reclock starts: C1 only. Their work is to schedule
+#: tasks and pass small results between Python processes (rows never enter the JVM), and C2, the
+#: optimising compiler, kept compiling that plumbing through a session's first minute of work, on
+#: the cores the tasks and the database need: per 2,000,000-row snapshot, 0.30 CPU-s over a
+#: session's 2nd-5th, 0.16 over its 11th-20th, 0.04 over its 21st-30th. C1 took 0.01 a run, and
+#: the JVM's other threads the same 0.05-0.07 CPU-s a run with either (``docs/benchmarks.md``,
+#: "Postgres"). A ``[spark.conf]`` ``spark.driver.extraJavaOptions`` or
+#: ``spark.executor.extraJavaOptions`` replaces it.
+JIT = "-XX:TieredStopAtLevel=1"
+
+#: The environment variable pyarrow reads its default memory pool from, and the pool reclock's
+#: Python workers use: the C library's (glibc's malloc), not pyarrow's default mimalloc. A worker
+#: runs task after task over buffers of like sizes; mimalloc hands freed pages back to the system
+#: within milliseconds, and every task faulted them in again, zeroed by the kernel. Per
+#: 2,000,000-row snapshot (medians of 7 runs, three sessions of each): 0.21-0.26 CPU-s of the
+#: workers' system time and 13,000-19,000 page faults with mimalloc, 0.06-0.08 and 150-500 with
+#: malloc, which keeps the pages; the workers' whole CPU 1.46-1.71 against 1.23-1.51, at the same
+#: resident memory (about 310 MiB a worker) (``docs/benchmarks.md``, "Postgres"). A
+#: ``[spark.conf]`` ``spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL`` replaces it.
+ARROW_POOL, WORKER_POOL = "ARROW_DEFAULT_MEMORY_POOL", "system"
 
 #: Seconds a standalone master's port gets to accept a connection before the job says it cannot be reached.
 _CONNECT_S = 5.0
@@ -97,6 +121,10 @@ def session_conf(conf: Mapping[str, str] | None = None, *, ui: bool = False) -> 
     The Spark UI is off unless ``[spark] ui = true``: it costs the driver a web server and a
     listener on every task, and binds a port (4040 and up) on every interface. On, it shows the
     jobs each batch runs, on ``spark.ui.port`` if ``conf`` sets one.
+
+    The JVMs reclock starts compile with C1 only (:data:`JIT`), and the Python workers allocate
+    Arrow's memory with the C library's allocator (:data:`WORKER_POOL`). Under spark-submit, the
+    JVMs and their options are spark-submit's, and only ``conf`` applies.
     """
     settings = {
         "spark.ui.enabled": "true" if ui else "false",
@@ -104,8 +132,15 @@ def session_conf(conf: Mapping[str, str] | None = None, *, ui: bool = False) -> 
         "spark.sql.shuffle.partitions": "4",
         "spark.python.worker.reuse": "true",
     }
-    extra = dict(conf or {}) if under_spark_submit() else {**spark_conf(), **(conf or {})}
-    return {**settings, **extra}
+    if under_spark_submit():
+        return {**settings, **(conf or {})}
+    own = {
+        **spark_conf(),
+        "spark.executor.extraJavaOptions": JIT,
+        f"spark.executorEnv.{ARROW_POOL}": WORKER_POOL,
+    }
+    own["spark.driver.extraJavaOptions"] = f"{JIT} {own['spark.driver.extraJavaOptions']}"
+    return {**settings, **own, **(conf or {})}
 
 
 def check_master(master: str, timeout_s: float = _CONNECT_S) -> None:

@@ -96,3 +96,17 @@ def test_a_failed_batch_is_retried_whole_and_lands_once(spark, tmp_path):
             failures += 1
     assert failures == 1 and (tmp_path / "failed-once").exists()
     assert_exactly_once_and_stamped_by_the_remap(tmp_path / "lake", "gen", PARTITIONS, LIMIT)
+
+
+def test_a_spark_worker_leaves_what_it_holds_out_of_the_collections_after_its_tasks(spark):
+    import gc
+
+    frozen = SparkDataPlane(spark).map(lambda _: gc.get_freeze_count(), list(range(4)))
+    assert len(frozen) == 4 and min(frozen) > 1_000, frozen  # a worker holds tens of thousands of objects
+
+
+def test_a_spark_worker_allocates_arrow_memory_with_malloc(spark):
+    import pyarrow as pa
+
+    pools = SparkDataPlane(spark).map(lambda _: pa.default_memory_pool().backend_name, [0, 1])
+    assert pools == ["system", "system"], pools
