@@ -376,14 +376,23 @@ def _stop(args: argparse.Namespace) -> int:
         return 0
     lifecycle.request_stop(lake, args.name)
     print(f"asked pipeline {args.name!r} to stop after its in-flight batch")
+    if args.wait <= 0:
+        return 0
     deadline = time.monotonic() + args.wait
-    while time.monotonic() < deadline:
+    while True:
         status = read_status(lake, args.name) or {}
         if status.get("health") in (Health.STOPPED.value, Health.FAILED.value, DEAD):
             print(f"pipeline {args.name!r} is {status['health']}")
             return 0
+        if time.monotonic() >= deadline:
+            # A script that waited means to go on only once the job is gone: say it is not.
+            print(
+                f"pipeline {args.name!r} is still running after {args.wait:g} s; "
+                "the stop stays asked, and it stops after its in-flight batch",
+                file=sys.stderr,
+            )
+            return 1
         time.sleep(0.2)
-    return 0
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -130,6 +131,20 @@ def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
     stopped = json.loads(status_path.read_text())
     assert stopped["health"] == "stopped" and not stopped["finished"]
     assert stopped["resume_upper"] > 0  # the batch in flight when asked completed and committed
+
+
+@pytest.mark.usefixtures("reclock_processes")
+def test_stop_wait_that_runs_out_says_the_job_still_runs_and_exits_1(tmp_path, capsys):
+    job, status_path = start_running_job(tmp_path)
+    job.send_signal(signal.SIGSTOP)  # paused: it holds its lease, and cannot read the stop in time
+    try:
+        assert main(["--lake", str(tmp_path / "lake"), "stop", "orders", "--wait", "1"]) == 1
+    finally:
+        job.send_signal(signal.SIGCONT)
+    err = capsys.readouterr().err
+    assert "pipeline 'orders' is still running after 1 s; the stop stays asked" in err, err
+    assert job.wait(timeout=60) == 0, job.stderr.read()  # the stop stayed asked: it stops once resumed
+    assert json.loads(status_path.read_text())["health"] == "stopped"
 
 
 @pytest.mark.usefixtures("reclock_processes")
