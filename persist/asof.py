@@ -70,16 +70,23 @@ def readable_upper(
     """
     lake = Lake.at(lake, storage_options)
     names = [pipelines] if isinstance(pipelines, str) else pipelines
-    upper = CLOSED_UPPER
-    for name in names:
-        uppers = [output_upper(lake.output_path(name, o), sink_id(name, o), lake.store) for o in lake.outputs(name)]
-        if not uppers:
-            _require(lake, name)
-            return 0
-        if is_finished(RemapTable(lake.remap_path(name), lake.store).bindings, resume_upper(uppers)):
-            continue
-        upper = min(upper, *uppers)
-    return upper
+    return min((_readable(lake, name, _latest(lake, name)) for name in names), default=CLOSED_UPPER)
+
+
+def _latest(lake: Lake, pipeline: str) -> dict[str, DeltaTable]:
+    """Each output of ``pipeline`` at its newest version, opened once for all a read needs of it."""
+    return {output: lake.store.open_table(lake.output_path(pipeline, output)) for output in lake.outputs(pipeline)}
+
+
+def _readable(lake: Lake, pipeline: str, latest: Mapping[str, DeltaTable]) -> IntoTime:
+    """``pipeline``'s readable upper from its outputs' newest versions (see :func:`readable_upper`)."""
+    uppers = [label_upper(table.transaction_version(sink_id(pipeline, o))) for o, table in latest.items()]
+    if not uppers:
+        _require(lake, pipeline)
+        return 0
+    if is_finished(RemapTable(lake.remap_path(pipeline), lake.store).bindings, resume_upper(uppers)):
+        return CLOSED_UPPER
+    return min(uppers)
 
 
 @overload
@@ -213,21 +220,16 @@ def _joint(lake: Lake, pipelines: Sequence[str], as_of: IntoTime) -> list[str]:
 
 def _plan(lake: Lake, pipeline: str, as_of: IntoTime) -> dict[str, DeltaTable]:
     """Per output, the snapshot to read: the latest for an append output, else the version that
-    first reached ``as_of``."""
-    upper = readable_upper(lake, pipeline)
+    first reached ``as_of``. Each output is opened once: its newest version gives both the
+    readable upper and, for an upsert output, the table the search moves between versions."""
+    tables = _latest(lake, pipeline)
+    upper = _readable(lake, pipeline, tables)
     if as_of >= upper:
         raise ValueError(f"pipeline {pipeline!r}: no consistent cut at {as_of} yet; readable upper is {upper}")
-    tables: dict[str, DeltaTable] = {}
-    for output in lake.outputs(pipeline):
-        path = lake.output_path(pipeline, output)
-        latest = lake.store.open_table(path)
-        if latest.metadata().configuration.get(ENVELOPE) == "append":
-            tables[output] = latest
-            continue
-        version = _first_version_reaching(lake.store, path, sink_id(pipeline, output), as_of)
-        if version is None:
+    for output, table in tables.items():
+        upsert = table.metadata().configuration.get(ENVELOPE) != "append"
+        if upsert and not _load_first_version_reaching(table, sink_id(pipeline, output), as_of):
             raise _vacuumed(pipeline, output, as_of)
-        tables[output] = lake.store.open_table(path, version=version)
     return tables
 
 
@@ -248,9 +250,10 @@ def _vacuumed(pipeline: str, output: str, as_of: IntoTime) -> ValueError:
     )
 
 
-def _first_version_reaching(store: Store, path: LakePath, app_id: str, as_of: IntoTime) -> int | None:
-    """Least table version whose label is ``>= as_of`` (labels only grow with versions), or
-    ``None`` when the log that would say which version that is was cleaned up.
+def _load_first_version_reaching(table: DeltaTable, app_id: str, as_of: IntoTime) -> bool:
+    """Load into ``table`` (at its newest version) the least version whose label is ``>= as_of``
+    (labels only grow with versions); ``False`` when the log that would say which version that is
+    was cleaned up.
 
     Versions whose log is gone cannot be loaded; they all lie below the oldest one left, so the
     search treats them as too early. The oldest loadable version ``v`` it may then land on is the
@@ -258,31 +261,37 @@ def _first_version_reaching(store: Store, path: LakePath, app_id: str, as_of: In
     ``as_of`` by the search), or ``v``'s label is ``as_of`` itself (versions with an equal label
     hold the same rows: only unlabelled commits such as optimize separate them). Otherwise the cut
     lies before the retained history, and an upsert output's rows then have changed since.
+
+    The search moves the one table between versions (``load_as_version``, which sets up no new
+    store client) and loads each version once: it opened the table again at every version it
+    looked at, then again at the one it kept, besides the newest version twice more.
     """
-    lo, hi = 0, store.open_table(path).version()
+    labels: dict[int, IntoTime | None] = {}
+
+    def label_at(version: int) -> IntoTime | None:
+        """The label at ``version``; ``None`` before the first batch or when its log is gone."""
+        if version not in labels:
+            labels[version] = table.transaction_version(app_id) if _loads(table, version) else None
+        return labels[version]
+
+    lo, hi = 0, table.version()
     while lo < hi:
         mid = (lo + hi) // 2
-        label = _label_at(store, path, app_id, mid)
+        label = label_at(mid)
         if label is not None and label >= as_of:
             hi = mid
         else:
             lo = mid + 1
-    if lo == 0 or _loadable(store, path, lo - 1) or _label_at(store, path, app_id, lo) == as_of:
-        return lo
-    return None
+    if lo == 0 or _loads(table, lo - 1) or label_at(lo) == as_of:
+        table.load_as_version(lo)
+        return True
+    return False
 
 
-def _label_at(store: Store, path: LakePath, app_id: str, version: int) -> IntoTime | None:
-    """The label at ``version``; ``None`` before the first batch or when its log is gone."""
+def _loads(table: DeltaTable, version: int) -> bool:
+    """Whether ``version`` of ``table`` loads, loading it if so."""
     try:
-        return store.open_table(path, version=version).transaction_version(app_id)
-    except Exception:  # the log of ``version`` is gone: so is everything before it
-        return None
-
-
-def _loadable(store: Store, path: LakePath, version: int) -> bool:
-    try:
-        store.open_table(path, version=version)
+        table.load_as_version(version)
     except Exception:  # cleaned up by log retention
         return False
     return True

@@ -188,3 +188,30 @@ def test_the_expired_log_is_still_dropped_at_each_checkpoint_of_a_batch_commit(t
             assert kept[0] >= checkpoint, f"the log before checkpoint {checkpoint} was kept: {kept}"
     assert newest >= 39  # three checkpoints of the batches' own commits were seen
     assert sorted(read_as_of(tmp_path, "pipe", clock.ms)["clicks"]["n"].to_pylist()) == [0, 1, 2, *range(4, 40)]
+
+
+def test_an_as_of_read_opens_each_output_once_and_moves_it_to_the_version_it_reads(tmp_path, monkeypatch):
+    """An output's newest version gives both the readable upper and the table an upsert output's
+    search moves between versions: each output was opened three times, and an upsert output once
+    more for every version the search looked at and for the one it kept (each open a store client
+    and a log listing, requests on an object store)."""
+    from reclock.persist.store import Store
+
+    lake = tmp_path / "lake"
+    _drive(lake, [[(0, 1, 1)], [(0, 1, 2)], [(1, 2, 3)], [(0, 1, 4)]], set(), Maintenance(every=0))
+    opened: list[tuple[str, int | None]] = []
+    open_table = Store.open_table
+
+    def counted(self, path, version=None):
+        opened.append((str(path), version))
+        return open_table(self, path, version)
+
+    monkeypatch.setattr(Store, "open_table", counted)
+    cut = read_as_of(lake, "pipe", 2500)
+    outputs = Lake.at(lake).outputs("pipe")  # _errors too
+    versions: dict[str, list[int | None]] = {str(Lake.at(lake).output_path("pipe", o)): [] for o in outputs}
+    for path, version in opened:
+        versions.get(path, []).append(version)
+    assert versions == {path: [None] for path in versions}, versions  # each output once, at its newest
+    assert [(r["user"], r["n"]) for r in cut["scores"].to_pylist()] == [(1, 2)]  # as of the second batch
+    assert sorted(r["n"] for r in cut["clicks"].to_pylist()) == [1, 2]
