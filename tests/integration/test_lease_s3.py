@@ -56,6 +56,7 @@ def _wait(what: str, ready, timeout: float = 120) -> None:
         time.sleep(0.2)
 
 
+@pytest.mark.waits
 @pytest.mark.usefixtures("reclock_processes")
 def test_a_paused_driver_loses_its_lease_to_a_second_one_and_is_fenced_when_it_resumes(s3_server, tmp_path):
     bucket = s3_server.bucket()

@@ -62,6 +62,10 @@ def test_spark_in_a_subprocess():
 
 def test_lane(long_lane):
     print("LANE", long_lane)
+
+@pytest.mark.waits
+def test_waiting():
+    pass
 """
 
 
@@ -79,7 +83,7 @@ def selected(suite: pytest.Pytester, expression: str) -> list[str]:
 
 
 def test_each_test_is_marked_by_the_parts_its_fixtures_bring_up(suite):
-    assert selected(suite, "unit") == ["test_lane", "test_pure"]
+    assert selected(suite, "unit") == ["test_lane", "test_pure", "test_waiting"]
     assert selected(suite, "kafka") == ["test_through_topic"]  # through topic's own need of broker
     assert selected(suite, "spark") == ["test_spark_and_s3", "test_spark_in_a_subprocess"]
     assert selected(suite, "s3") == ["test_spark_and_s3"]
@@ -89,6 +93,20 @@ def test_each_test_is_marked_by_the_parts_its_fixtures_bring_up(suite):
         "test_spark_in_a_subprocess",
         "test_starts_processes",
         "test_through_topic",
+    ]
+
+
+def test_the_tests_that_mostly_wait_are_collected_first_and_the_rest_keep_their_order(suite):
+    result = suite.runpytest("--collect-only", "-q", "-p", "no:cacheprovider")
+    order = [line.split("::")[1] for line in result.outlines if "::" in line]
+    assert order == [
+        "test_waiting",
+        "test_pure",
+        "test_through_topic",
+        "test_spark_and_s3",
+        "test_starts_processes",
+        "test_spark_in_a_subprocess",
+        "test_lane",
     ]
 
 

@@ -193,6 +193,7 @@ def test_a_server_restart_under_a_running_job_stalls_it_then_every_change_lands_
             assert (r["_offset"], r["_into_ts"]) == inserted[r["after"]["order_id"]], r
 
 
+@pytest.mark.waits
 @pytest.mark.usefixtures("reclock_processes")
 def test_an_idle_source_does_not_grow_the_servers_retained_wal(tmp_path, long_lane):
     """The source's tables idle, first while another database of the server writes (``busy``
