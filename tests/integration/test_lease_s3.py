@@ -145,6 +145,25 @@ def _objects(server: S3Server, bucket: str) -> dict[str, tuple[str, object]]:
     return {o["Key"]: (o["ETag"], o["LastModified"]) for page in pages for o in page.get("Contents", [])}
 
 
+def _settle(server: S3Server, bucket: str, *, besides: tuple[str, ...], quiet_s: float = 2.0) -> None:
+    """Until no object but ``besides`` (what a running driver rewrites while idle: its lease, its
+    status snapshot) has changed for ``quiet_s`` seconds: its writes in flight have landed. A
+    status flush creates five tables one after another, which on a loaded machine took longer
+    than the driver's idle seconds."""
+
+    def written() -> dict[str, tuple[str, object]]:
+        return {key: seen for key, seen in _objects(server, bucket).items() if key not in besides}
+
+    deadline = time.monotonic() + 60
+    seen, since = written(), time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, "the driver kept writing while idle"
+        time.sleep(0.25)
+        now = written()
+        if now != seen:
+            seen, since = now, time.monotonic()
+
+
 def _drop(folder: Path, n: int, rows: int = 40) -> set[int]:
     """File ``f<n>.csv`` of ``rows`` rows with ids ``n * 1000 + i``, appearing whole; the ids."""
     ids = {n * 1000 + i for i in range(rows)}
@@ -191,6 +210,7 @@ def test_a_driver_fenced_by_a_takeover_writes_not_one_object_when_it_resumes(s3_
     try:
         _wait("the first driver's rows", lambda: loaded() == len(ids))
         time.sleep(3)  # idle: its status rows flushed (every second), nothing of it in flight
+        _settle(s3_server, bucket, besides=(status_key, lease_key))  # on a loaded machine too
         os.killpg(first.pid, signal.SIGSTOP)
         lease = _object(s3_server, bucket, lease_key)
         time.sleep(max(0.0, lease["expires_ms"] / 1000 - time.time()) + 0.5)
