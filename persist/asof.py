@@ -54,7 +54,12 @@ LakeLike = str | os.PathLike[str] | Lake
 
 def output_upper(path: LakePath, app_id: str, store: Store = LOCAL) -> IntoTime:
     """An output table's upper, from its newest label."""
-    return label_upper(store.open_table(path).transaction_version(app_id))
+    return _upper(store.open_table(path), app_id)
+
+
+def _upper(table: DeltaTable, app_id: str) -> IntoTime:
+    """The upper of an output table as loaded, from its label."""
+    return label_upper(table.transaction_version(app_id))
 
 
 def readable_upper(
@@ -80,7 +85,7 @@ def _latest(lake: Lake, pipeline: str) -> dict[str, DeltaTable]:
 
 def _readable(lake: Lake, pipeline: str, latest: Mapping[str, DeltaTable]) -> IntoTime:
     """``pipeline``'s readable upper from its outputs' newest versions (see :func:`readable_upper`)."""
-    uppers = [label_upper(table.transaction_version(sink_id(pipeline, o))) for o, table in latest.items()]
+    uppers = [_upper(table, sink_id(pipeline, o)) for o, table in latest.items()]
     if not uppers:
         _require(lake, pipeline)
         return 0

@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
-    "ARROW_POOL",
     "JIT",
     "WORKER_POOL",
     "check_master",
@@ -56,16 +55,16 @@ __all__ = [
 #: ``spark.executor.extraJavaOptions`` replaces it.
 JIT = "-XX:TieredStopAtLevel=1"
 
-#: The environment variable pyarrow reads its default memory pool from, and the pool reclock's
-#: Python workers use: the C library's (glibc's malloc), not pyarrow's default mimalloc. A worker
-#: runs task after task over buffers of like sizes; mimalloc hands freed pages back to the system
-#: within milliseconds, and every task faulted them in again, zeroed by the kernel. Per
-#: 2,000,000-row snapshot (medians of 7 runs, three sessions of each): 0.21-0.26 CPU-s of the
-#: workers' system time and 13,000-19,000 page faults with mimalloc, 0.06-0.08 and 150-500 with
-#: malloc, which keeps the pages; the workers' whole CPU 1.46-1.71 against 1.23-1.51, at the same
-#: resident memory (about 310 MiB a worker) (``docs/benchmarks.md``, "Postgres"). A
-#: ``[spark.conf]`` ``spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL`` replaces it.
-ARROW_POOL, WORKER_POOL = "ARROW_DEFAULT_MEMORY_POOL", "system"
+#: The memory pool reclock's Python workers give pyarrow (``ARROW_DEFAULT_MEMORY_POOL``): the C
+#: library's (glibc's malloc), not pyarrow's default mimalloc. A worker runs task after task over
+#: buffers of like sizes; mimalloc hands freed pages back to the system within milliseconds, and
+#: every task faulted them in again, zeroed by the kernel. Per 2,000,000-row snapshot (medians of
+#: 7 runs, three sessions of each): 0.21-0.26 CPU-s of the workers' system time and 13,000-19,000
+#: page faults with mimalloc, 0.06-0.08 and 150-500 with malloc, which keeps the pages; the
+#: workers' whole CPU 1.46-1.71 against 1.23-1.51, at the same resident memory (about 310 MiB a
+#: worker) (``docs/benchmarks.md``, "Postgres"). A ``[spark.conf]``
+#: ``spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL`` replaces it.
+WORKER_POOL = "system"
 
 #: Seconds a standalone master's port gets to accept a connection before the job says it cannot be reached.
 _CONNECT_S = 5.0
@@ -137,7 +136,7 @@ def session_conf(conf: Mapping[str, str] | None = None, *, ui: bool = False) -> 
     own = {
         **spark_conf(),
         "spark.executor.extraJavaOptions": JIT,
-        f"spark.executorEnv.{ARROW_POOL}": WORKER_POOL,
+        "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": WORKER_POOL,
     }
     own["spark.driver.extraJavaOptions"] = f"{JIT} {own['spark.driver.extraJavaOptions']}"
     return {**settings, **own, **(conf or {})}
