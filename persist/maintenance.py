@@ -23,6 +23,7 @@ from pathlib import Path
 from deltalake import CommitProperties, DeltaTable
 
 from reclock.persist.faults import lake_io
+from reclock.persist.post_commit import INTERVAL_PROPERTY, table_properties
 
 __all__ = ["optimize", "retention_properties", "set_retention", "vacuum"]
 
@@ -35,12 +36,16 @@ def retention_properties(minutes: int) -> dict[str, str]:
 
 def set_retention(table: DeltaTable, minutes: int) -> bool:
     """Give ``table`` the retention properties, in one metadata commit; ``False`` if it had them.
+    A local table without a checkpoint interval (made before reclock set one at creation) gets
+    reclock's in the same commit (:mod:`reclock.persist.post_commit`); one it has is kept.
 
     A metadata commit conflicts with every concurrent commit, so it is written only when a
     property differs: once per table, and again only when the configured history changes.
     """
-    wanted = retention_properties(minutes)
     current = table.metadata().configuration
+    wanted = retention_properties(minutes)
+    if INTERVAL_PROPERTY not in current:
+        wanted.update(table_properties(table.table_uri))
     if all(current.get(k) == v for k, v in wanted.items()):
         return False
     with lake_io(f"setting the retention of {Path(table.table_uri).name}"):

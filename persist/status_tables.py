@@ -33,7 +33,7 @@ from deltalake import DeltaTable, write_deltalake
 from reclock.persist import maintenance
 from reclock.persist.lake import Lake
 from reclock.persist.lease import LeaseLost
-from reclock.persist.post_commit import hooks_for_next_commit
+from reclock.persist.post_commit import hooks_for_next_commit, table_properties
 from reclock.persist.read import read_table
 from reclock.timeline.frontier import wall_clock_ms
 
@@ -178,7 +178,12 @@ class StatusTables:
             path = self.lake.status_table_path(name)
             if not self.lake.store.is_table(path):
                 write_deltalake(
-                    str(path), data, mode="append", schema_mode="merge", storage_options=self.lake.store.delta_options
+                    str(path),
+                    data,
+                    mode="append",
+                    schema_mode="merge",
+                    configuration=table_properties(str(path)),
+                    storage_options=self.lake.store.delta_options,
                 )
                 self._tables[name] = self.lake.store.open_table(path)
                 return

@@ -39,6 +39,7 @@ from pyarrow import fs as pafs
 
 from reclock.errors import ConfigError
 from reclock.objectstore import STORAGE_OPTIONS, canonical_options, s3_filesystem, with_environment
+from reclock.persist.post_commit import table_properties
 
 __all__ = ["LOCAL", "STORAGE_OPTIONS", "LakePath", "Store", "StorePath", "check_storage_options", "parse_lake"]
 
@@ -147,8 +148,15 @@ class Store:
     def open_table(self, path: LakePath, version: int | None = None) -> DeltaTable:
         return DeltaTable(str(path), version=version, storage_options=self.delta_options)
 
-    def create_table(self, path: LakePath, schema: pa.Schema, **kwargs: Any) -> DeltaTable:
-        return DeltaTable.create(str(path), schema=schema, storage_options=self.delta_options, **kwargs)
+    def create_table(
+        self, path: LakePath, schema: pa.Schema, *, configuration: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> DeltaTable:
+        """A new Delta table with reclock's table properties (its checkpoint interval:
+        :func:`~reclock.persist.post_commit.table_properties`) and ``configuration``'s."""
+        properties = {**table_properties(str(path)), **(configuration or {})}
+        return DeltaTable.create(
+            str(path), schema=schema, storage_options=self.delta_options, configuration=properties, **kwargs
+        )
 
     def is_table(self, path: LakePath) -> bool:
         """Whether a Delta table exists at ``path`` (its ``_delta_log`` does)."""

@@ -161,22 +161,24 @@ def test_a_writer_racing_a_long_running_pipeline_is_still_refused(tmp_path):
     assert pipeline.resume_upper == 252_001
 
 
-def test_the_expired_log_is_still_dropped_at_each_checkpoint_of_a_batch_commit(tmp_path):
-    """reclock asks delta-rs to look for expired log entries only at a checkpoint's commit
-    (:mod:`reclock.persist.post_commit`): the log stays bounded all the same. With a retention
-    of 0 minutes and a checkpoint every 10 versions (the table's own property, which the hook
-    reads), every entry older than the newest checkpoint is gone after each checkpoint."""
+def test_the_expired_log_is_still_dropped_at_every_hundredth_version_of_a_batch_commit(tmp_path):
+    """reclock asks delta-rs to look for expired log entries only at a checkpoint's commit that ends
+    a run of 100 versions (:mod:`reclock.persist.post_commit`; its tables checkpoint every 10): the
+    log stays bounded as at delta-rs's default interval, and is listed for expired entries ten times
+    less often than checkpoints come. With a retention of 0 minutes, every entry older than the
+    newest checkpoint is gone after versions 99 and 199, and the entries of the checkpoints in
+    between stay until then."""
     script = [[(0, 1, i)] for i in range(3)]
     pipeline, clock, _ = _drive(tmp_path, script, set(), Maintenance(every=0, history_minutes=0))
     pipeline.maintain()  # the retention properties: 0 minutes
     path = Lake.at(tmp_path).output_path("pipe", "clicks")
-    DeltaTable(str(path)).alter.set_table_properties({"delta.checkpointInterval": "10"})
     log = path / "_delta_log"
 
     def versions(suffix: str) -> list[int]:
         return sorted(int(p.name.split(".")[0]) for p in log.iterdir() if p.name.endswith(suffix))
 
-    for tick in range(4, 40):
+    looks = []
+    for tick in range(4, 210):
         clock.ms = 1000 * tick
         pipeline.source.append(0, "clicks", [{"user": 1, "n": tick}])
         pipeline.step()
@@ -185,9 +187,13 @@ def test_the_expired_log_is_still_dropped_at_each_checkpoint_of_a_batch_commit(t
         if newest % 10 == 9:  # delta-rs checkpoints versions 9, 19, ... at an interval of 10
             assert checkpoint == newest, f"no checkpoint at version {newest}"
             kept = versions(".json")
-            assert kept[0] >= checkpoint, f"the log before checkpoint {checkpoint} was kept: {kept}"
-    assert newest >= 39  # three checkpoints of the batches' own commits were seen
-    assert sorted(read_as_of(tmp_path, "pipe", clock.ms)["clicks"]["n"].to_pylist()) == [0, 1, 2, *range(4, 40)]
+            if newest % 100 == 99:
+                assert kept[0] >= checkpoint, f"the log before checkpoint {checkpoint} was kept: {kept}"
+                looks.append(newest)
+            elif newest > 100:
+                assert kept[0] <= newest - 9, f"the log was looked at for expired entries at version {newest}"
+    assert looks == [99, 199]
+    assert sorted(read_as_of(tmp_path, "pipe", clock.ms)["clicks"]["n"].to_pylist()) == [0, 1, 2, *range(4, 210)]
 
 
 def test_an_as_of_read_opens_each_output_once_and_moves_it_to_the_version_it_reads(tmp_path, monkeypatch):
