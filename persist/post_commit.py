@@ -4,9 +4,9 @@ log dropped only with that checkpoint; and the interval itself, which reclock se
 **The interval.** delta-rs rebuilds a table's snapshot after every commit, and again when the
 table is read back (``update_incremental``, ``load_as_version``), by replaying every log entry
 since the last checkpoint: the CPU of a commit and of its read-back grows from one checkpoint to
-the next. At delta-rs's default of a checkpoint every 100 versions a commit of one file took 3.6
-ms right after a checkpoint and 17.8 ms just before the next (a read-back 2.5 and 13.5 ms); at
-10, 4.8-5.4 and 2.5-2.8 ms, checkpoints included (docs/benchmarks.md, "The cost of a commit"). So
+the next. At delta-rs's default of a checkpoint every 100 versions a commit of one file took 3.5
+ms of CPU right after a checkpoint and 17.6 ms just before the next (a read-back 2.7 and 13.8 ms);
+at 10, 4.6-5.1 and 2.5-2.8 ms, checkpoints included (docs/benchmarks.md, "The cost of a commit"). So
 every table reclock creates on a local disk gets ``delta.checkpointInterval = 10``
 (:func:`table_properties`), Delta Lake's own default on Spark. On an object store a checkpoint
 costs requests, which are billed and take 10-50 ms each (its PUTs, a LIST, a HEAD and a GET:

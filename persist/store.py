@@ -148,12 +148,10 @@ class Store:
     def open_table(self, path: LakePath, version: int | None = None) -> DeltaTable:
         return DeltaTable(str(path), version=version, storage_options=self.delta_options)
 
-    def create_table(
-        self, path: LakePath, schema: pa.Schema, *, configuration: Mapping[str, str] | None = None, **kwargs: Any
-    ) -> DeltaTable:
+    def create_table(self, path: LakePath, schema: pa.Schema, **kwargs: Any) -> DeltaTable:
         """A new Delta table with reclock's table properties (its checkpoint interval:
-        :func:`~reclock.persist.post_commit.table_properties`) and ``configuration``'s."""
-        properties = {**table_properties(str(path)), **(configuration or {})}
+        :func:`~reclock.persist.post_commit.table_properties`)."""
+        properties = table_properties(str(path))
         return DeltaTable.create(
             str(path), schema=schema, storage_options=self.delta_options, configuration=properties, **kwargs
         )

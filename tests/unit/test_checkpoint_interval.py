@@ -1,8 +1,8 @@
-"""Every table reclock creates checkpoints every 10 versions (``reclock.persist.post_commit``).
+"""Every table reclock creates on a local disk checkpoints every 10 versions (``reclock.persist.post_commit``).
 
 delta-rs replays every log entry since the last checkpoint on each commit and each read-back, so
-at its default interval of 100 a commit's CPU grew from one checkpoint to the next (3.6 ms to
-17.8 ms); the interval is a table property, written in the table's first commit. Read here from
+at its default interval of 100 a commit's CPU grew from one checkpoint to the next (3.5 ms to
+17.6 ms); the interval is a table property, written in the table's first commit. Read here from
 the ``_delta_log`` itself (JSON and the checkpoint files on disk), not through delta-rs.
 """
 
