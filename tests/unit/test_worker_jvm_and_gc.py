@@ -1,13 +1,14 @@
 """What reclock sets up for the processes Spark runs its tasks in: the JVMs' compiler, the Python
-workers' memory pool and their garbage collections (``reclock.job.spark.JIT`` and
-``WORKER_POOL``, ``reclock.runtime.planes.WorkerCollections``)."""
+workers' memory pool, how they talk to their JVMs and their garbage collections
+(``reclock.job.spark.JIT``, ``WORKER_POOL`` and ``UNIX_SOCKETS``,
+``reclock.runtime.planes.WorkerCollections``)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from reclock.job.spark import JIT, WORKER_POOL, session_conf
+from reclock.job.spark import JIT, UNIX_SOCKETS, WORKER_POOL, session_conf
 from reclock.runtime.planes import WorkerCollections
 
 
@@ -26,6 +27,14 @@ def test_python_workers_allocate_arrow_memory_with_malloc_unless_the_definition_
     key = "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL"
     assert WORKER_POOL == "system" and session_conf()[key] == "system"
     assert session_conf({key: "mimalloc"})[key] == "mimalloc"
+
+
+def test_jvms_talk_to_their_python_processes_over_unix_sockets_unless_the_definition_says_otherwise(monkeypatch):
+    key = "spark.python.unix.domain.socket.enabled"
+    assert UNIX_SOCKETS == "true" and session_conf()[key] == "true"
+    assert session_conf({key: "false"})[key] == "false"
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # under spark-submit too: it is no JVM option
+    assert session_conf()[key] == "true"
 
 
 def test_under_spark_submit_the_jvms_and_workers_are_spark_submits(monkeypatch):
