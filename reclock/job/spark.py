@@ -70,11 +70,12 @@ WORKER_POOL = "system"
 #: Whether the driver's and executors' JVMs talk to their Python processes (the Python workers
 #: that run tasks, the driver's collect) over Unix domain sockets instead of TCP on the loopback
 #: (``spark.python.unix.domain.socket.enabled``, Spark 4.1's SPARK-51688). Over TCP, a job of two
-#: tasks that do nothing took 88-102 ms here against 20 ms for one that never enters Python, its
-#: workers idle in between waiting for their input; over Unix sockets 57 ms. That is 45 ms of every
-#: batch on Spark (``docs/benchmarks.md``, "A Spark job's Python round trip"). The processes are
-#: always on one machine: a worker on its executor's, the driver's Python on its JVM's. A
-#: ``[spark.conf]`` entry of the same name replaces it.
+#: tasks that do nothing took 82-98 ms here, with 0-200 ms between jobs, against 20 ms for one that
+#: never enters Python; over Unix sockets 39-55 ms. A pipeline catching up, its 1,000-row steps
+#: back to back on Spark, took 83-98 ms a step against 136-140 (``docs/benchmarks.md``, "A Spark
+#: job's Python round trip"; the freshness scenario and a snapshot's one job did not move). The
+#: processes are always on one machine: a worker on its executor's, the driver's Python on its
+#: JVM's. A ``[spark.conf]`` entry of the same name replaces it.
 UNIX_SOCKETS = "true"
 
 #: Seconds a standalone master's port gets to accept a connection before the job says it cannot be reached.
