@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "JIT",
     "UNIX_SOCKETS",
+    "UNIX_SOCKET_MASTERS",
     "WORKER_POOL",
     "check_master",
     "code_archive",
@@ -75,8 +76,13 @@ WORKER_POOL = "system"
 #: back to back on Spark, took 83-98 ms a step against 136-140 (``docs/benchmarks.md``, "A Spark
 #: job's Python round trip"; the freshness scenario and a snapshot's one job did not move). The
 #: processes are always on one machine: a worker on its executor's, the driver's Python on its
-#: JVM's. A ``[spark.conf]`` entry of the same name replaces it.
+#: JVM's. Set only where reclock knows the executors' ``java.io.tmpdir``, where the socket files
+#: go (:data:`UNIX_SOCKET_MASTERS`): a socket's path holds at most 107 bytes, and a YARN
+#: container's temporary folder can be longer. A ``[spark.conf]`` entry of the same name replaces it.
 UNIX_SOCKETS = "true"
+
+#: The masters whose sessions get :data:`UNIX_SOCKETS`: local ones, and standalone clusters.
+UNIX_SOCKET_MASTERS = ("local", "spark://")
 
 #: Seconds a standalone master's port gets to accept a connection before the job says it cannot be reached.
 _CONNECT_S = 5.0
@@ -110,7 +116,7 @@ def spark_session(
     if not under_spark_submit():
         builder = builder.master(master)
     builder = builder.appName("reclock")
-    for key, value in session_conf(conf, ui=ui).items():
+    for key, value in session_conf(conf, ui=ui, master=master).items():
         builder = builder.config(key, value)
     try:
         session = builder.getOrCreate()
@@ -126,23 +132,26 @@ def spark_session(
     return session
 
 
-def session_conf(conf: Mapping[str, str] | None = None, *, ui: bool = False) -> dict[str, str]:
+def session_conf(
+    conf: Mapping[str, str] | None = None, *, ui: bool = False, master: str = "local[2]"
+) -> dict[str, str]:
     """The settings reclock gives every session, then ``conf`` (the definition's ``[spark.conf]``).
 
     The Spark UI is off unless ``[spark] ui = true``: it costs the driver a web server and a
     listener on every task, and binds a port (4040 and up) on every interface. On, it shows the
     jobs each batch runs, on ``spark.ui.port`` if ``conf`` sets one.
 
-    The JVMs reclock starts compile with C1 only (:data:`JIT`), and the Python workers allocate
-    Arrow's memory with the C library's allocator (:data:`WORKER_POOL`). Under spark-submit, the
-    JVMs and their options are spark-submit's, and only ``conf`` applies.
+    The JVMs reclock starts compile with C1 only (:data:`JIT`), the Python workers allocate
+    Arrow's memory with the C library's allocator (:data:`WORKER_POOL`), and on a local or
+    standalone ``master`` the JVMs talk to their Python processes over Unix sockets
+    (:data:`UNIX_SOCKETS`). Under spark-submit, the JVMs, their options and the master are
+    spark-submit's, and only ``conf`` applies.
     """
     settings = {
         "spark.ui.enabled": "true" if ui else "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
         "spark.python.worker.reuse": "true",
-        "spark.python.unix.domain.socket.enabled": UNIX_SOCKETS,
     }
     if under_spark_submit():
         return {**settings, **(conf or {})}
@@ -151,6 +160,8 @@ def session_conf(conf: Mapping[str, str] | None = None, *, ui: bool = False) -> 
         "spark.executor.extraJavaOptions": JIT,
         "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": WORKER_POOL,
     }
+    if master.startswith(UNIX_SOCKET_MASTERS):
+        own["spark.python.unix.domain.socket.enabled"] = UNIX_SOCKETS
     own["spark.driver.extraJavaOptions"] = f"{JIT} {own['spark.driver.extraJavaOptions']}"
     return {**settings, **own, **(conf or {})}
 

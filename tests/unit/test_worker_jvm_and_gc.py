@@ -29,12 +29,16 @@ def test_python_workers_allocate_arrow_memory_with_malloc_unless_the_definition_
     assert session_conf({key: "mimalloc"})[key] == "mimalloc"
 
 
-def test_jvms_talk_to_their_python_processes_over_unix_sockets_unless_the_definition_says_otherwise(monkeypatch):
+def test_jvms_talk_to_their_python_processes_over_unix_sockets_on_local_and_standalone_masters(monkeypatch):
     key = "spark.python.unix.domain.socket.enabled"
-    assert UNIX_SOCKETS == "true" and session_conf()[key] == "true"
+    assert UNIX_SOCKETS == "true"
+    for master in ("local[2]", "local-cluster[2,1,1024]", "spark://127.0.0.1:7077"):
+        assert session_conf(master=master)[key] == "true", master
     assert session_conf({key: "false"})[key] == "false"
-    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # under spark-submit too: it is no JVM option
-    assert session_conf()[key] == "true"
+    for master in ("yarn", "k8s://https://10.0.0.1:6443"):  # executors' temporary folders reclock does not know
+        assert key not in session_conf(master=master), master
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # under spark-submit the master is spark-submit's
+    assert key not in session_conf(master="local[2]")
 
 
 def test_under_spark_submit_the_jvms_and_workers_are_spark_submits(monkeypatch):
