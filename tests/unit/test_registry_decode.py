@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import pickle
 
 import fastavro
@@ -18,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import Schema
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reclock.demo.registry import RegistryStandIn
@@ -234,8 +235,28 @@ _records = st.fixed_dictionaries(
 _corruption = st.sampled_from(["none", "append", "truncate", "flip", "swap"])
 
 
+#: A float whose flipped exponent byte makes it NaN (a run of the suite found it): both paths must
+#: give the same NaN, which ``RecordBatch.equals`` never calls equal to anything.
+_NAN_BY_A_FLIP = {
+    "b": False,
+    "i": 64,
+    "l": 134217728,
+    "f": 1.7014120374287884e38,
+    "s": "00",
+    "by": b"\x00\x00",
+    "e": "A",
+    "fx": b"\x00\x00",
+    "d": 0,
+    "ts": 64,
+    "n": 8192,
+    "o": "00",
+    "ob": None,
+}
+
+
 @settings(max_examples=150)
 @given(st.lists(_records, min_size=1, max_size=30), _corruption, st.integers(0, 1000), st.integers(0, 255))
+@example(records=[_NAN_BY_A_FLIP], corruption="flip", at=538, byte=128)
 def test_columnar_avro_gives_exactly_the_datum_by_datum_rows_and_faults(registry, records, corruption, at, byte):
     value_of = _rich_serializer(registry.url)
     values = [value_of(r) for r in records]
@@ -259,7 +280,15 @@ def test_columnar_avro_gives_exactly_the_datum_by_datum_rows_and_faults(registry
     slow = decode_avro(values, reading_schema(RICH), decoder.schema, True, faults)
     assert fast.good.tolist() == slow.good.tolist()
     assert [i for i, _, _ in fast.errors] == [i for i, _, _ in slow.errors]
-    assert fast.batch.equals(slow.batch)
+    assert fast.batch.schema == slow.batch.schema
+    assert _rows(fast.batch) == _rows(slow.batch)
+
+
+def _rows(batch: pa.RecordBatch) -> list[dict]:
+    """The batch's rows, a NaN as the text ``NaN``: NaN equals nothing, itself included."""
+    return [
+        {k: "NaN" if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()} for row in batch.to_pylist()
+    ]
 
 
 def test_columnar_avro_is_the_path_clean_batches_take(registry, monkeypatch):
