@@ -58,7 +58,7 @@ from reclock.runtime.logs import BATCH_ID, batch_scope
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.minting import Interrupted, Minter
 from reclock.runtime.outputs import awaited_shapes, awaited_windows, joined_output, layouts_of, outputs_of
-from reclock.runtime.planes import DataPlane, LocalDataPlane, task_runner
+from reclock.runtime.planes import DataPlane, LocalDataPlane, keep_warm, task_runner
 from reclock.runtime.planning import BatchRange, in_split_order, plan_batch, without_skips
 from reclock.runtime.redrives import redrive_splits
 from reclock.runtime.reports import FILTERED, BatchFailed, BatchReport, BatchState, filtered_json, ms_since
@@ -88,6 +88,10 @@ from reclock.timeline.resume import is_finished, resume_frontier, resume_upper
 __all__ = ["BatchFailed", "BatchReport", "BatchState", "Pipeline"]
 
 log = logging.getLogger("reclock.pipeline")
+
+#: The longest a pipeline waits between batches without giving its data plane a chance to keep
+#: its workers (Spark checks for idle ones every 10 s and stops them after a minute).
+WARM_POLL_S = 10.0
 
 
 class Pipeline:
@@ -458,7 +462,9 @@ class Pipeline:
             self.health, self.last_error = after_batch(self.name, report, self.sinks[ERRORS].path, self.lake.store, now)
             observe(report)
             if report.idle and not self.finished:
-                stop.wait(self.settings.batch_interval)
+                self._rest(stop, self.settings.batch_interval)
+            else:
+                keep_warm(self.data_plane)  # batches small enough for the driver leave Spark idle too
         self.health = Health.STOPPED
         observe(None)
 
@@ -687,6 +693,17 @@ class Pipeline:
         self.health = Health.STALLED
         self.last_error = describe(exc)
         log.warning("pipeline %s: stalled, will retry: %s", self.name, self.last_error)
+
+    def _rest(self, stop: threading.Event, seconds: float) -> None:
+        """Wait ``seconds`` between batches (or until ``stop``), keeping the data plane's workers
+        meanwhile (:func:`~reclock.runtime.planes.keep_warm`): a wait longer than Spark's idle
+        minute would otherwise cost the next batch on Spark new Python workers."""
+        end = time.monotonic() + seconds
+        while True:
+            keep_warm(self.data_plane)
+            left = end - time.monotonic()
+            if left <= 0 or stop.wait(min(left, WARM_POLL_S)):
+                return
 
     def _backoff(self, stop: threading.Event, stalls: int) -> None:
         stop.wait(min(self.settings.max_backoff, self.settings.retry_backoff * 2 ** (stalls - 1)))

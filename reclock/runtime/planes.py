@@ -8,7 +8,8 @@ two tasks a core, largest first, so tasks finish close together.
 
 A plane also runs a source's work outside any batch (:class:`~reclock.sources.base.RunsTasks`,
 the Postgres source's snapshot capture) through its ``map``, where its batches' tasks run;
-:func:`task_runner` gives a plane's, or the driver's for a plane that has none.
+:func:`task_runner` gives a plane's, or the driver's for a plane that has none. A Spark plane
+keeps its Python workers from being stopped while a pipeline waits (:func:`keep_warm`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import gc
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -39,6 +41,7 @@ __all__ = [
     "SparkDataPlane",
     "StartingSparkDataPlane",
     "WorkerCollections",
+    "keep_warm",
     "task_runner",
 ]
 
@@ -59,6 +62,32 @@ class MapsTasks(Protocol):
 def task_runner(plane: DataPlane) -> TaskRunner:
     """Where a source's work outside batches runs: the plane's tasks, or here, one by one."""
     return plane.map if isinstance(plane, MapsTasks) else run_in_order
+
+
+@runtime_checkable
+class KeepsWarm(Protocol):
+    """A plane whose workers outlive an idle spell only if it runs something (see :func:`keep_warm`)."""
+
+    def keep_warm(self) -> bool: ...
+
+
+def keep_warm(plane: DataPlane) -> bool:
+    """Called by a pipeline's loop between batches and while it waits: whether ``plane`` ran a
+    job to keep its workers (a plane without workers to keep has nothing to do)."""
+    return plane.keep_warm() if isinstance(plane, KeepsWarm) else False
+
+
+#: Spark stops an executor's idle Python workers once none has run a task for a minute (a
+#: constant of its ``PythonWorkerFactory``, checked every 10 s, not a setting), and the next job
+#: forks new ones, which import pyarrow and reclock again: an empty job took 533-542 ms after 75 s
+#: without one, against 56-123 ms after 10-40 s (``docs/operations.md``, ``[spark]``). A Spark
+#: plane idle this long runs one empty task per slot, which their factory counts as activity.
+KEEP_WARM_S = 45.0
+#: How long after its last batch or mapped work a plane keeps its workers: a pipeline that has
+#: stopped needing Spark (every batch small enough for the driver) lets them go, as Spark would.
+KEEP_WARM_FOR_S = 600.0
+#: The Spark job group of those jobs.
+KEEP_WARM_GROUP = "reclock-keep-warm"
 
 
 class LocalDataPlane:
@@ -100,9 +129,14 @@ class SparkDataPlane:
     between two of them).
     """
 
-    def __init__(self, spark: SparkSession, *, tasks_per_core: int = 2) -> None:
+    def __init__(
+        self, spark: SparkSession, *, tasks_per_core: int = 2, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.spark = spark
         self.tasks_per_core = tasks_per_core
+        self.clock = clock
+        self._worked: float | None = None  # when its last batch or mapped work ended
+        self._warmed = float("-inf")  # when its last keep-warm job ended
 
     def run(self, plan: BatchPlan, splits: Sequence[Split]) -> list[SplitResult]:
         if not splits:
@@ -113,7 +147,34 @@ class SparkDataPlane:
         if _imbalance(groups) > BALANCED:
             groups = _pack(splits, slots * self.tasks_per_core)
         rdd = context.parallelize(groups, len(groups))
-        return rdd.flatMap(functools.partial(_run_group, plan)).collect()
+        try:
+            return rdd.flatMap(functools.partial(_run_group, plan)).collect()
+        finally:
+            self._worked = self.clock()
+
+    def keep_warm(self) -> bool:
+        """Run one empty task per slot if the plane has been idle :data:`KEEP_WARM_S` and worked
+        within :data:`KEEP_WARM_FOR_S`: Spark would stop the workers after a minute, and the next
+        batch pay half a second and more for new ones. A failed job is logged and otherwise
+        ignored: it keeps nothing but time."""
+        now = self.clock()
+        if self._worked is None or now - self._worked > KEEP_WARM_FOR_S:
+            return False
+        if now - max(self._worked, self._warmed) < KEEP_WARM_S:
+            return False
+        context = self.spark.sparkContext
+        slots = max(1, context.defaultParallelism)
+        context.setJobGroup(KEEP_WARM_GROUP, "reclock: keep the Python workers while the pipeline waits")
+        try:
+            context.parallelize(range(slots), slots).foreach(_nothing)
+        except Exception as exc:  # a stopping session, a lost executor: the next batch says so
+            log.info("keeping Spark's Python workers warm failed: %s", exc)
+            return False
+        finally:
+            self._warmed = self.clock()
+            context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+            context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+        return True
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """``fn`` over ``items`` (pieces of like size, such as a snapshot's chunks) in one Spark
@@ -131,6 +192,7 @@ class SparkDataPlane:
             done = context.parallelize(dealt, tasks).flatMap(functools.partial(_map_items, fn)).collect()
             return [result for _, result in sorted(done, key=lambda pair: pair[0])]
         finally:
+            self._worked = self.clock()
             # None removes a local property (PySpark's stubs allow only str)
             context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
             context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
@@ -174,6 +236,10 @@ def _run_group(plan: BatchPlan, group: list[Split]) -> list[SplitResult]:
 def _map_items(fn: Callable[[Any], Any], items: list[tuple[int, Any]]) -> list[tuple[int, Any]]:
     _WORKER.task_starts()
     return [(i, fn(item)) for i, item in items]
+
+
+def _nothing(_: object) -> None:
+    """A keep-warm task: it runs in a Python worker, which is all it is for."""
 
 
 class WorkerCollections:
@@ -233,6 +299,10 @@ class AutoDataPlane:
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         """On Spark: work mapped outside batches is a source's large work (a snapshot)."""
         return task_runner(self.spark)(fn, items)
+
+    def keep_warm(self) -> bool:
+        """Spark's workers, kept while small batches run in the driver, for the next large one."""
+        return keep_warm(self.spark)
 
 
 class StartingSparkDataPlane:
@@ -323,6 +393,10 @@ class StartingSparkDataPlane:
         if self._plane is None and not self._done.is_set():
             return self.local.run(plan, splits)
         return self._ready().run(plan, splits)
+
+    def keep_warm(self) -> bool:
+        """The started session's workers (none to keep before its plane ran anything)."""
+        return keep_warm(self._plane) if self._plane is not None else False
 
     def _ready(self) -> DataPlane:
         """The plane of the started session (:meth:`wait` or ``_done`` said it is up)."""

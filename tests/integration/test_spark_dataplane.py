@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import pytest
 from deltalake import DeltaTable
 
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, read_as_of_spark, readable_upper
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.runtime.pipeline import Pipeline
-from reclock.runtime.planes import LocalDataPlane, SparkDataPlane
+from reclock.runtime.planes import KEEP_WARM_FOR_S, KEEP_WARM_GROUP, KEEP_WARM_S, LocalDataPlane, SparkDataPlane
 from reclock.runtime.settings import Settings
 from reclock.sources.generator import GeneratorSource
 from reclock.testing import FakeClock
@@ -129,3 +131,39 @@ def test_a_spark_worker_talks_to_its_jvm_over_a_unix_socket(spark):
 
     families = [f for per_task in SparkDataPlane(spark).map(socket_families, [0, 1]) for f in per_task]
     assert families and set(families) == {"AF_UNIX"}, families  # TCP on the loopback: 40-45 ms more a job
+
+
+def test_an_idle_spark_plane_keeps_its_python_workers_with_one_empty_job(spark):
+    now = [1_000.0]
+    plane = SparkDataPlane(spark, clock=lambda: now[0])
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(KEEP_WARM_GROUP))
+    assert not plane.keep_warm()  # it ran nothing yet: no workers of its own to keep
+    plane.map(abs, [1, -2])
+    now[0] += KEEP_WARM_S - 1
+    assert not plane.keep_warm()  # not idle long enough
+    now[0] += 2
+    assert plane.keep_warm()
+    now[0] += KEEP_WARM_S - 1
+    assert not plane.keep_warm()  # counted from the last keep-warm job
+    now[0] += 2
+    assert plane.keep_warm()
+    now[0] += KEEP_WARM_FOR_S
+    assert not plane.keep_warm()  # long after its last work: the workers may go, as Spark lets them
+    jobs = set(tracker.getJobIdsForGroup(KEEP_WARM_GROUP)) - before
+    assert len(jobs) == 2 and all(tracker.getJobInfo(j).status == "SUCCEEDED" for j in jobs)
+
+
+def test_spark_keeps_the_workers_of_a_plane_kept_warm_past_its_idle_minute(spark, long_lane):
+    """Spark's own timing (a minute, checked every 10 s) sets this test's length: --long only."""
+    if not long_lane:
+        pytest.skip("waits 80 s for Spark's idle-worker timeout: scripts/test --long")
+    import os
+
+    plane = SparkDataPlane(spark)
+    workers = set(plane.map(lambda _: os.getpid(), [0, 1]))
+    deadline = time.monotonic() + 80
+    while time.monotonic() < deadline:
+        plane.keep_warm()
+        time.sleep(5)
+    assert set(plane.map(lambda _: os.getpid(), [0, 1])) <= workers  # the same processes, not new ones
