@@ -115,22 +115,32 @@ def test_a_spark_worker_allocates_arrow_memory_with_malloc(spark):
 
 
 def test_a_spark_worker_talks_to_its_jvm_over_a_unix_socket(spark):
-    def socket_families(_: object) -> list[str]:  # defined here: pickled by value, as a lambda is
+    """The worker's link to its JVM is the socket its daemon (the worker's parent) accepted on its
+    listening socket, so the daemon's sockets say which transport it is. The worker's own sockets
+    do not: a reused worker also holds what earlier tasks left open (an S3 client's connections)."""
+
+    def daemon_sockets(_: object) -> tuple[list[str], list[str]]:  # defined here: pickled by value
         import os
-        import socket
 
-        families = []
-        for fd in os.listdir("/proc/self/fd"):
+        daemon = f"/proc/{os.getppid()}/fd"
+        held = set()
+        for fd in os.listdir(daemon):
             try:
-                held = socket.socket(fileno=int(fd))
-            except OSError:  # not a socket
+                link = os.readlink(f"{daemon}/{fd}")
+            except OSError:  # closed meanwhile
                 continue
-            families.append(held.family.name)
-            held.detach()
-        return families
+            if link.startswith("socket:["):
+                held.add(link[len("socket:[") : -1])
 
-    families = [f for per_task in SparkDataPlane(spark).map(socket_families, [0, 1]) for f in per_task]
-    assert families and set(families) == {"AF_UNIX"}, families  # TCP on the loopback: 40-45 ms more a job
+        def inodes(table: str, column: int) -> set[str]:
+            with open(f"/proc/net/{table}") as f:
+                next(f)  # the header
+                return {line.split()[column] for line in f}
+
+        return sorted(held & inodes("unix", 6)), sorted(held & (inodes("tcp", 9) | inodes("tcp6", 9)))
+
+    for unix, tcp in SparkDataPlane(spark).map(daemon_sockets, [0, 1]):
+        assert unix and not tcp, (unix, tcp)  # TCP on the loopback: 40-45 ms more a job
 
 
 def test_an_idle_spark_plane_keeps_its_python_workers_with_one_empty_job(spark):
