@@ -93,13 +93,7 @@ def run(full: bool = False) -> ScenarioResult:
         return call
 
     def copy_run() -> float:
-        with workdir("pg-copy") as lake:
-            t0 = time.monotonic()
-            written = copy_to_delta.run(dsn, table, SCHEMA, lake)
-            seconds = time.monotonic() - t0
-            landed = sum(c.rows for c in delta_commits(lake / table))
-        assert written == landed == rows, f"the COPY baseline landed {landed} (reported {written}) of {rows}"
-        return seconds
+        return _copy_snapshot(dsn, table, rows)
 
     floor = Floor()
 
@@ -190,14 +184,20 @@ def _small_table(dsn: str, plane: Any, counter: Iterator[int], runs: int) -> dic
         return _land_snapshot(plane, dsn, table, SMALL, f"snap_{next(counter)}")
 
     def copy_run() -> float:
-        with workdir("pg-copy-small") as lake:
-            t0 = time.monotonic()
-            written = copy_to_delta.run(dsn, table, SCHEMA, lake)
-            seconds = time.monotonic() - t0
-        assert written == SMALL, f"the COPY baseline wrote {written} of {SMALL}"
-        return seconds
+        return _copy_snapshot(dsn, table, SMALL)
 
     return alternate({SPARK: reclock_run, COPY: copy_run}, runs)
+
+
+def _copy_snapshot(dsn: str, table: str, rows: int) -> float:
+    """The baseline's seconds for ``table``, its ``rows`` checked in the Delta log it wrote."""
+    with workdir("pg-copy") as lake:
+        t0 = time.monotonic()
+        written = copy_to_delta.run(dsn, table, SCHEMA, lake)
+        seconds = time.monotonic() - t0
+        landed = sum(c.rows for c in delta_commits(lake / table))
+    assert written == landed == rows, f"the COPY baseline landed {landed} (reported {written}) of {rows}"
+    return seconds
 
 
 def _land_snapshot(plane: Any, dsn: str, table: str, rows: int, slot: str) -> float:

@@ -15,13 +15,14 @@ keeps its Python workers from being stopped while a pipeline waits (:func:`keep_
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -164,16 +165,14 @@ class SparkDataPlane:
             return False
         context = self.spark.sparkContext
         slots = max(1, context.defaultParallelism)
-        context.setJobGroup(KEEP_WARM_GROUP, "reclock: keep the Python workers while the pipeline waits")
         try:
-            context.parallelize(range(slots), slots).foreach(_nothing)
+            with _job_group(context, KEEP_WARM_GROUP, "reclock: keep the Python workers while the pipeline waits"):
+                context.parallelize(range(slots), slots).foreach(_nothing)
         except Exception as exc:  # a stopping session, a lost executor: the next batch says so
             log.info("keeping Spark's Python workers warm failed: %s", exc)
             return False
         finally:
             self._warmed = self.clock()
-            context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-            context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
         return True
 
     def map(self, fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
@@ -187,15 +186,25 @@ class SparkDataPlane:
         context = self.spark.sparkContext
         tasks = max(1, min(len(items), context.defaultParallelism))
         dealt = [[(i, items[i]) for i in range(first, len(items), tasks)] for first in range(tasks)]
-        context.setJobGroup(MAP_GROUP, f"reclock: {len(items)} items of {getattr(fn, '__name__', 'work')}")
         try:
-            done = context.parallelize(dealt, tasks).flatMap(functools.partial(_map_items, fn)).collect()
+            with _job_group(context, MAP_GROUP, f"reclock: {len(items)} items of {getattr(fn, '__name__', 'work')}"):
+                done = context.parallelize(dealt, tasks).flatMap(functools.partial(_map_items, fn)).collect()
             return [result for _, result in sorted(done, key=lambda pair: pair[0])]
         finally:
             self._worked = self.clock()
-            # None removes a local property (PySpark's stubs allow only str)
-            context.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
-            context.setLocalProperty("spark.job.description", None)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _job_group(context: Any, group: str, description: str) -> Iterator[None]:
+    """The jobs this thread starts inside, in Spark's job group ``group`` (what the UI and the
+    status tracker show), and no later job of the thread in it."""
+    context.setJobGroup(group, description)
+    try:
+        yield
+    finally:
+        # None removes a local property (PySpark's stubs allow only str)
+        context.setLocalProperty("spark.jobGroup.id", None)
+        context.setLocalProperty("spark.job.description", None)
 
 
 #: The Spark job group of the work a plane maps outside batches (a snapshot's capture).
