@@ -60,6 +60,12 @@ PARTS: dict[str, frozenset[str]] = {
 }
 
 
+#: The fixtures of the Spark parts a session starts once and shares: a test using one runs in the
+#: session that holds them (``spark_shared``); a test whose Spark job starts its own JVM (marked
+#: ``spark`` by hand) runs in the pool with the rest (scripts/test).
+SHARED_SPARK = PARTS["spark"]
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--long",
@@ -81,6 +87,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts |= {mark.name for mark in item.iter_markers() if mark.name in PARTS}
         for part in sorted(parts):
             item.add_marker(part)
+        if used & SHARED_SPARK:
+            item.add_marker("spark_shared")
         item.add_marker("integration" if parts else "unit")
     items.sort(key=lambda item: item.get_closest_marker("waits") is None)  # stable: the rest keep their order
 

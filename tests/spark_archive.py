@@ -147,3 +147,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     for archive in _archive:
         archive.remove()
     _archive.clear()
+
+
+def main() -> int:
+    """``python -m tests.spark_archive``: the archive made now (unless kept), then the JVM options
+    that map it, as shell assignments for ``scripts/test`` to export before its pytest sessions.
+
+    Made once before the suite, so that every driver, in either session, maps it from its first
+    start and no session writes one of its own (two sessions selecting Spark tests each wrote one,
+    20 CPU-s each). Another caller's ``SPARK_SUBMIT_OPTS`` stays the caller's: nothing is printed."""
+    import shlex
+
+    from tests.conftest import JIT
+
+    if os.environ.get("SPARK_SUBMIT_OPTS", JIT) != JIT:
+        return 0
+    make(JIT, JIT if os.environ.get("SPARK_DAEMON_JAVA_OPTS", JIT) == JIT else None)
+    wait(600)
+    made = _archive[0].path.exists()
+    for name in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+        if made and name in os.environ:
+            print(f"export {name}={shlex.quote(os.environ[name])}")
+    _archive.clear()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
