@@ -6,7 +6,8 @@ side by side, so a lake can be copied or deleted as a unit::
     <lake>/<pipeline>/definition.json   the validated definition (written by ``create``)
     <lake>/<pipeline>/remap/            Delta: the bindings
     <lake>/<pipeline>/outputs/<name>/   Delta: one table per output, ``_errors`` included
-    <lake>/<pipeline>/control/          stop requests, the job lease, dropped files' generations
+    <lake>/<pipeline>/control/          stop requests, the job lease, dropped files' generations,
+                                        a landing ahead of its binding, the source's own state
     <lake>/<pipeline>/status.json       the latest status snapshot
 
 A lake is a local path (``file://`` allowed) or ``s3://bucket/prefix``; every file and table in it
@@ -93,6 +94,10 @@ class Lake:
     def lease_path(self, pipeline: str) -> LakePath:
         """The job lease: which driver runs the pipeline, until when (:mod:`reclock.persist.lease`)."""
         return self.control_dir(pipeline) / "lease.json"
+
+    def landing_path(self, pipeline: str) -> LakePath:
+        """A batch landed ahead of its binding, not yet in every output (:mod:`reclock.runtime.ahead`)."""
+        return self.control_dir(pipeline) / "landing.json"
 
     def status_path(self, pipeline: str) -> LakePath:
         return self.pipeline_dir(pipeline) / "status.json"

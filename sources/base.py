@@ -23,32 +23,47 @@ Envelopes say what a record *means* for its output table (``Output.envelope``):
 * ``debezium``: batches carry the change-event columns of :func:`debezium_schema` (``before``,
   ``after``, ``op``); ``op = "d"`` deletes ``before``'s key, anything else upserts ``after``.
 
-A record that cannot be decoded is not an exception: the reader yields it to :data:`ERRORS` with
-its coordinates so that it is never silently lost, or raises :class:`RecordError` when the
-pipeline's ``on_record_error`` policy says ``fail`` (it reaches a source in its :class:`SourceContext`).
-
 Beyond :class:`Source`, what a source *can* do is a capability, a protocol of its own that the
 runtime asks for with ``isinstance`` and never by sniffing attributes: :class:`GroupReads`,
-:class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`RunsTasks`,
-:class:`GrowsOutputs`, :class:`AwaitsOutputs`, :class:`DistinctInserts`, :class:`LandsAhead` and, for the class,
-:class:`TakesContext`. A
-source declares one by subclassing it (which also gives its defaults) or by having its members;
-any class may, a plugin as much as a built-in.
+:class:`SettableOffsets`, :class:`FileStates`, :class:`KeepsUnknownFields`, :class:`AsksFirst`,
+:class:`GrowsOutputs`, :class:`AwaitsOutputs`, :class:`DistinctInserts` and, for the class,
+:class:`TakesContext`. A source declares one by subclassing it (which also gives its defaults) or
+by having its members; any class may, a plugin as much as a built-in. None hands the source
+anything to call back: a source that needs the runtime to act says so in what it returns (the
+:class:`Probe` of an :class:`AsksFirst` source), and the runtime acts.
+
+The lineage and ``_errors`` names (:mod:`reclock.sources.records`) and :class:`SourceContext`
+(:mod:`reclock.sources.context`) are defined below this module and imported from it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-from reclock.errors import ConfigError, ReclockError
-from reclock.timeline.frontier import OFFSET, PARTITION, Frontier, Offset, Partition
+from reclock.errors import ContractError
+from reclock.sources.context import SourceContext, parse_generations
+from reclock.sources.records import (
+    ERRORS,
+    ERRORS_SCHEMA,
+    LINEAGE_FIELDS,
+    MAX_MESSAGE,
+    RECORD_ERROR_POLICIES,
+    RecordError,
+    RecordErrorPolicy,
+    check_record_error_policy,
+    clip_message,
+    debezium_schema,
+    error_batch,
+)
+from reclock.timeline.frontier import Frontier, Offset, Partition, cap_frontier
 
 __all__ = [
+    "Answer",
+    "AsksFirst",
     "AwaitsOutputs",
     "ERRORS",
     "ERRORS_SCHEMA",
@@ -62,57 +77,28 @@ __all__ = [
     "GrowsOutputs",
     "JoinedOutput",
     "KeepsUnknownFields",
-    "LandedAhead",
-    "Lander",
-    "LandsAhead",
+    "LandFirst",
     "ListedFile",
     "Output",
+    "Probe",
     "RecordError",
     "RecordErrorPolicy",
-    "RunsTasks",
+    "RunFirst",
     "SettableOffsets",
     "Source",
     "SourceBase",
     "SourceContext",
     "Split",
     "TakesContext",
-    "TaskRunner",
     "cap_frontier",
     "check_record_error_policy",
     "clip_message",
     "debezium_schema",
     "error_batch",
     "parse_generations",
-    "run_in_order",
 ]
 
 Envelope = Literal["append", "upsert", "debezium"]
-
-#: What the pipeline does with a record that cannot be decoded: land it in :data:`ERRORS` at its
-#: coordinates (``skip``), or fail the batch at the first one (``fail``, :class:`RecordError`).
-RecordErrorPolicy = Literal["skip", "fail"]
-RECORD_ERROR_POLICIES: tuple[RecordErrorPolicy, ...] = get_args(RecordErrorPolicy)
-
-#: Output name of the errors table every pipeline has; readers yield bad records to it.
-ERRORS = "_errors"
-
-#: Columns every batch from :meth:`Source.read` carries besides the output's own.
-LINEAGE_FIELDS = (pa.field(PARTITION, pa.string(), nullable=False), pa.field(OFFSET, pa.int64(), nullable=False))
-
-#: Longest ``message`` a reader writes to :data:`ERRORS`: a problem quoting a huge value stays readable.
-MAX_MESSAGE = 500
-
-ERRORS_SCHEMA = pa.schema(
-    [
-        pa.field("kind", pa.string()),
-        pa.field("message", pa.string()),
-        pa.field("raw", pa.binary()),
-    ]
-)
-
-
-class RecordError(ReclockError):
-    """A record could not be decoded and the pipeline asked to fail the batch."""
 
 
 @dataclass(frozen=True)
@@ -199,40 +185,6 @@ class Source(Protocol):
     def close(self) -> None:
         """Release driver-side resources; called once when the pipeline stops running."""
         ...
-
-
-@dataclass(frozen=True)
-class SourceContext:
-    """What only the runtime knows about the pipeline a source is built for (see :class:`TakesContext`).
-
-    Explicit, so that a source says what it takes instead of the runtime guessing from the names
-    of its constructor's parameters, and a new piece of context is a new field, not a new name
-    every source must avoid.
-    """
-
-    #: The pipeline's name (the Kafka source's consumer group is ``reclock-<pipeline>``).
-    pipeline: str
-    #: When the pipeline was created, in ms since the epoch: fixed for its life, across restarts.
-    created_at_ms: int = 0
-    #: The pipeline's policy for records that cannot be decoded (``on_record_error``).
-    on_record_error: RecordErrorPolicy = "skip"
-    #: Reads the text of the generations file the runtime keeps for a source with
-    #: :class:`FileStates` (``None`` while there is none); see :meth:`generations`.
-    generations_reader: Callable[[], str | None] | None = None
-    #: That file's path, when the lake is on this machine (a listing must not take it for data).
-    generations_path: str | None = None
-    #: A folder of the pipeline's in the lake (a path, or an ``s3://`` URI for a lake in object
-    #: storage), where a source may keep durable state of its own (the Postgres source's
-    #: captured snapshot), and the lake's storage options to reach it (secrets: never shown).
-    state_path: str | None = None
-    state_options: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-    def generations(self) -> dict[str, int]:
-        """``{path: generation}`` of every dropped file (``reclock drop-file`` bumps one); a file
-        not named is at generation 0. Read again at every call: a drop rewrites the file."""
-        if self.generations_reader is None:
-            return {}
-        return parse_generations(self.generations_reader(), self.generations_path or "in the lake")
 
 
 class SourceBase:
@@ -354,32 +306,6 @@ class FileStates(Protocol):
         ...
 
 
-#: ``run(fn, items)``: ``[fn(item) for item in items]``, computed where the pipeline's tasks run
-#: (Spark tasks on the Spark plane, the driver's threads otherwise), in the items' order; ``fn``
-#: and the items must pickle, and ``fn`` should return its failures rather than raise them (an
-#: exception raised in a Spark task reaches the driver as Java's text, its kind lost).
-TaskRunner = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
-
-
-def run_in_order(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    """The :data:`TaskRunner` of a source no pipeline gave one: every item here, one by one."""
-    return [fn(item) for item in items]
-
-
-@runtime_checkable
-class RunsTasks(Protocol):
-    """Has driver work outside any batch worth spreading over the pipeline's tasks: the Postgres
-    source's snapshot capture, a table's chunks spread over the tasks.
-
-    The pipeline hands the source its data plane's :data:`TaskRunner` once, before the first
-    probe. A source must not pickle it (tasks get a copy of the source): it holds the plane.
-    """
-
-    def use_tasks(self, run: TaskRunner) -> None:
-        """Run such work through ``run`` from now on (:func:`run_in_order` until called)."""
-        ...
-
-
 @runtime_checkable
 class DistinctInserts(Protocol):
     """Some of its batches only insert, each key once: a database's initial snapshot.
@@ -399,45 +325,85 @@ class DistinctInserts(Protocol):
         ...
 
 
+# -- the probe: what a source found, and what the runtime must do before it can bind it --------
+
+
 @dataclass(frozen=True)
-class LandedAhead:
-    """A batch the runtime landed before its binding was minted (:class:`LandsAhead`): its into
-    time, the frontier it binds, and what its tasks wrote, as the runtime's own JSON (the source
-    keeps it durable and hands it back, it never reads it)."""
+class LandFirst:
+    """Records readable only now, to be landed by the runtime before their binding exists.
 
-    into_ts: int
+    A database's initial snapshot is readable only through the snapshot its slot exported, which
+    dies with the connection that exported it, and its rows must be durable before the binding
+    that stamps them (a crash after the binding must replay the same rows). The runtime reserves
+    the next into time ``T`` and runs the tasks of ``splits`` as the batch binding ``upper`` at
+    ``T`` will (stamped, enveloped, shaped, routed, partitioned), leaves their files uncommitted,
+    keeps what they wrote durable in its own state, and only then answers (:attr:`Answer.landed`):
+    the source keeps the records readable until that answer. The runtime then mints ``upper`` at
+    ``T``, and the batch of ``T`` commits the files the landing wrote instead of reading again the
+    splits the source plans for it, which must be these.
+    """
+
     upper: Frontier
-    record: str
-    #: Records each split read, in the order the splits were given.
-    read: tuple[int, ...] = ()
+    splits: tuple[Split, ...]
 
 
-#: ``land(upper, splits)``: the runtime reserves the next into time ``T``, runs the batch's tasks
-#: over ``splits`` as the batch binding ``upper`` at ``T`` would (stamped at ``T``, enveloped,
-#: shaped, routed, partitioned), leaves their files uncommitted and says what it wrote; a split
-#: that failed raises (a :class:`~reclock.errors.TransientError` when it may succeed later).
-Lander = Callable[[Frontier, Sequence[Split]], LandedAhead]
+@dataclass(frozen=True)
+class RunFirst:
+    """Work outside any batch worth spreading over the pipeline's tasks (a joining table's copy,
+    its chunks written by tasks): ``[fn(item) for item in items]``, computed where the pipeline's
+    tasks run (Spark tasks on the Spark plane, the driver's threads otherwise) and answered in
+    the items' order (:attr:`Answer.ran`). ``fn`` and the items must pickle, and ``fn`` should
+    return its failures rather than raise them (an exception raised in a Spark task reaches the
+    driver as Java's text, its kind lost)."""
+
+    fn: Callable[[Any], Any]
+    items: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What a probe found: ``upper``, how far data exists now; or, while ``upper`` is ``None``, the
+    one thing the runtime must do first (``land_first`` or ``run_first``), after which it probes
+    again with the :class:`Answer`."""
+
+    upper: Frontier | None = None
+    land_first: LandFirst | None = None
+    run_first: RunFirst | None = None
+
+    def __post_init__(self) -> None:
+        said = [name for name in ("upper", "land_first", "run_first") if getattr(self, name) is not None]
+        if len(said) != 1:
+            raise ContractError(f"a probe says exactly one of upper, land_first and run_first, not {said or 'none'}")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The runtime's answer to a probe that asked it to act: for a :class:`LandFirst`, ``landed``,
+    the records each split read, in the splits' order (the landing is durable in the runtime's
+    state); for a :class:`RunFirst`, ``ran``, the results in the items' order."""
+
+    landed: tuple[int, ...] | None = None
+    ran: tuple[Any, ...] | None = None
 
 
 @runtime_checkable
-class LandsAhead(Protocol):
-    """Some of its records can be read only once, before their binding exists: a database's
-    initial snapshot, readable only through the snapshot its slot exported, which dies with the
-    connection that exported it.
+class AsksFirst(Protocol):
+    """Its probe may need the runtime to act before it can say how far data exists: the Postgres
+    source, whose snapshot is landed ahead of its binding and whose joining tables are copied by
+    the pipeline's tasks.
 
-    Such records must be durable before the binding that stamps them (a crash after the binding
-    must replay the same rows), and the only copy worth writing is the output's own: the source
-    has the runtime land them ahead (:data:`Lander`) while it can still read them, keeps the
-    :class:`LandedAhead` durable, then reports the frontier. The runtime mints that frontier at
-    the reserved time and commits the files the landing wrote, without reading the splits again.
+    The runtime probes it with :meth:`probe` instead of :meth:`Source.upper`: first with no
+    answer, then, for as long as a probe asks for something (:class:`LandFirst`,
+    :class:`RunFirst`), again with the :class:`Answer` once that is done, until a probe reports its
+    ``upper``. The source is handed nothing to call: it says what it needs and the runtime does it
+    (Materialize's sources, likewise, return streams and receive ``resume_uppers``; they never call
+    into the framework). A probe with no answer while a request waits for one means the runtime
+    gave the request up (it failed, or another driver starts): the source starts that work over.
+    :meth:`Source.upper`, for callers outside a pipeline, does such work itself.
     """
 
-    def use_lander(self, land: Lander) -> None:
-        """Land such records through ``land`` from now on (the pipeline calls it before the first probe)."""
-        ...
-
-    def landed_ahead(self) -> LandedAhead | None:
-        """The landing kept durable, if any; asked on the driver when minting and planning."""
+    def probe(self, answer: Answer | None) -> Probe:
+        """How far data exists, or what the runtime must do first; called on the driver."""
         ...
 
 
@@ -513,89 +479,3 @@ class ListedFile:
     upper: int
     settling: bool = False
     ignored: str | None = None
-
-
-def parse_generations(text: str | None, where: str) -> dict[str, int]:
-    """``{path: generation}`` from the text of the generations file ``where`` (``None``: none)."""
-    if text is None:
-        return {}
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"generations file {where} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict) or not all(
-        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in data.values()
-    ):
-        raise ValueError(f"generations file {where} must map relative paths to integers >= 0, got {data!r}")
-    return data
-
-
-def check_record_error_policy(value: object, field: str = "on_record_error") -> RecordErrorPolicy:
-    """``value`` as a :data:`RecordErrorPolicy`; a :class:`ConfigError` on ``field`` otherwise."""
-    if value not in RECORD_ERROR_POLICIES:
-        raise ConfigError(field, f"must be one of {', '.join(RECORD_ERROR_POLICIES)}, got {value!r}")
-    return value
-
-
-def cap_frontier(lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
-    """Water-fill ``max_records`` over the partitions between ``lower`` and ``upper``.
-
-    Each lagging partition gets an equal share; what a short partition leaves over goes to the
-    others, so the cap is reached whenever there is enough data and no partition starves.
-    """
-    lags = {p: o - lower.offset(p) for p, o in upper.items() if o > lower.offset(p)}
-    if sum(lags.values()) <= max_records:
-        return upper
-    grant: dict[Partition, int] = {}
-    budget = max_records
-    pending = sorted(lags.items(), key=lambda item: item[1])
-    while pending:
-        share = budget // len(pending)
-        p, lag = pending[0]
-        if lag <= share:
-            grant[p] = lag
-            budget -= lag
-            pending.pop(0)
-            continue
-        for i, (p, _) in enumerate(pending):
-            grant[p] = share + (1 if i < budget - share * len(pending) else 0)
-        break
-    return lower.join(Frontier({p: lower.offset(p) + g for p, g in grant.items()}))
-
-
-def debezium_schema(own: pa.Schema) -> pa.Schema:
-    """The columns a ``debezium`` output's batches carry: the row before and after, and the op."""
-    row = pa.struct(list(own))
-    return pa.schema([pa.field("before", row), pa.field("after", row), pa.field("op", pa.string())])
-
-
-def error_batch(
-    partition: str | pa.Array,
-    offsets: Sequence[Offset],
-    kinds: Sequence[str],
-    messages: Sequence[str],
-    raws: Sequence[bytes | None],
-) -> pa.RecordBatch:
-    """The one builder of :data:`ERRORS` rows: lineage, then ``kind``, ``message`` and ``raw``.
-
-    ``partition`` is already encoded: one string for every row (a reader's split), or a string
-    array with one per row. Every record a reader rejects becomes such a row, at its own
-    coordinates, so it is counted exactly once and never silently lost.
-    """
-    n = len(offsets)
-    partitions = pa.array([partition] * n, pa.string()) if isinstance(partition, str) else partition
-    return pa.RecordBatch.from_arrays(
-        [
-            partitions,
-            pa.array(offsets, pa.int64()),
-            pa.array(kinds, pa.string()),
-            pa.array(messages, pa.string()),
-            pa.array(raws, pa.binary()),
-        ],
-        schema=pa.schema([*LINEAGE_FIELDS, *ERRORS_SCHEMA]),
-    )
-
-
-def clip_message(message: str) -> str:
-    """``message`` cut to :data:`MAX_MESSAGE` characters (ending in ``...`` when cut)."""
-    return message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 3] + "..."

@@ -1,9 +1,13 @@
 """Minting: steps 1 and 2 of a batch, from the source's upper to a durable binding.
 
 The probe asks the source how far it has data, caps that to ``max_batch`` (backpressure) and
-refuses a source that went back below what is already bound (a recreated topic). The mint makes
-binding ``(T, F)`` durable with ``T = max(now, remap upper)`` (or the time a source landed ``F``
-ahead at, :mod:`reclock.runtime.ahead`) by compare-and-append; an idle source
+refuses a source that went back below what is already bound (a recreated topic). A source whose
+probe needs the runtime to act first (:class:`~reclock.sources.base.AsksFirst`) says what in the
+:class:`~reclock.sources.base.Probe` it returns: land records readable only now
+(:func:`~reclock.runtime.land.land_ahead`) or run work on the pipeline's tasks; the minter does it
+and probes again with the :class:`~reclock.sources.base.Answer`, until the source reports its
+upper. The mint makes binding ``(T, F)`` durable with ``T = max(now, remap upper)`` (or the time
+``F`` was landed ahead at, :mod:`reclock.runtime.ahead`) by compare-and-append; an idle source
 still advances time every ``idle_interval`` so quiet pipelines never hold back a consistent read,
 and a bounded source whose end is bound gets a closing binding.
 """
@@ -15,9 +19,10 @@ import time
 from collections.abc import Callable
 
 from reclock.errors import ContractError, DefiniteSourceError
-from reclock.persist.remap import RemapTable
-from reclock.runtime.settings import Settings
-from reclock.sources.base import LandsAhead, Source
+from reclock.runtime.driver import Driver
+from reclock.runtime.land import land_ahead
+from reclock.runtime.planes import task_runner
+from reclock.sources.base import Answer, AsksFirst, Probe
 from reclock.timeline.frontier import Frontier, IntoTime, Partition, Reread, encode_partition
 
 __all__ = ["Interrupted", "Minter"]
@@ -26,14 +31,13 @@ __all__ = ["Interrupted", "Minter"]
 class Minter:
     """The one place a pipeline's bindings come from."""
 
-    def __init__(
-        self, name: str, source: Source, remap: RemapTable, settings: Settings, now: Callable[[], int]
-    ) -> None:
-        self.name = name
-        self.source = source
-        self.remap = remap
-        self.settings = settings
-        self._now = now
+    def __init__(self, driver: Driver) -> None:
+        self.driver = driver
+        self.name = driver.name
+        self.source = driver.source
+        self.remap = driver.remap
+        self.settings = driver.settings
+        self._now = driver.now
         self.last_probe: Frontier | None = None  # the source's upper as the last probe saw it
         self._probing: _Call | None = None
         #: ``(bound, source upper, probe)`` of the last check: frontiers are immutable values, so
@@ -80,13 +84,13 @@ class Minter:
         return {**phases, "mint": int((time.monotonic() - probed) * 1000)}
 
     def _time_for(self, proposal: Frontier, due: IntoTime) -> IntoTime:
-        """``due``, unless the source landed ``proposal`` ahead at a reserved time, which nothing
-        has been bound at or after since (:mod:`reclock.runtime.ahead`): then that time. A landing
-        kept for another frontier than the one proposed is a source breaking its promise."""
-        if not isinstance(self.source, LandsAhead):
+        """``due``, unless ``proposal`` was landed ahead at a reserved time, which nothing has been
+        bound at or after since (:mod:`reclock.runtime.ahead`): then that time. A landing kept for
+        another frontier than the one proposed is a source breaking its promise."""
+        if not isinstance(self.source, AsksFirst):
             return due
-        ahead = self.source.landed_ahead()
-        if ahead is None or ahead.into_ts < self.remap.bindings.upper:
+        ahead = self.driver.landings.unbound(self.remap.bindings.upper)
+        if ahead is None:
             return due
         if ahead.upper != proposal:
             raise ContractError(
@@ -107,7 +111,7 @@ class Minter:
             )
 
     def _upper(self, stop: threading.Event | None) -> Frontier:
-        """``source.upper()``, given up as soon as ``stop`` is set (then :class:`Interrupted`).
+        """The source's upper (:meth:`_probe`), given up as soon as ``stop`` is set (then :class:`Interrupted`).
 
         A probe may wait long for a source that does not answer (a Kafka probe waits up to
         ``read_timeout_s`` to bootstrap), and nothing is durable before the mint, so a stop need
@@ -116,13 +120,31 @@ class Minter:
         source's upper never goes back, so an earlier answer is still a valid probe).
         """
         if stop is None:
-            return self.source.upper()
+            return self._probe()
         if self._probing is None:
-            self._probing = _Call(self.source.upper, f"reclock-probe-{self.name}")
+            self._probing = _Call(self._probe, f"reclock-probe-{self.name}")
         if not self._probing.wait(stop):
             raise Interrupted
         call, self._probing = self._probing, None
         return call.result()
+
+    def _probe(self) -> Frontier:
+        """The source's upper: ``upper()``, or the dialogue of an :class:`AsksFirst` source's
+        probe, each request done before the next probe (the whole of it on one thread)."""
+        if not isinstance(self.source, AsksFirst):
+            return self.source.upper()
+        probe = self.source.probe(None)
+        while probe.upper is None:
+            probe = self.source.probe(self._answer(probe))
+        return probe.upper
+
+    def _answer(self, probe: Probe) -> Answer:
+        """Do what ``probe`` asks: land its records ahead, durably, or run its work on the tasks."""
+        if probe.land_first is not None:
+            return Answer(landed=land_ahead(self.driver, probe.land_first).read)
+        assert probe.run_first is not None, "a probe without an upper asks for something"
+        work = probe.run_first
+        return Answer(ran=tuple(task_runner(self.driver.plane)(work.fn, work.items)))
 
     def probing_for(self) -> float | None:
         """Seconds the probe in flight has waited for the source (``None``: none in flight).

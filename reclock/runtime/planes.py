@@ -6,8 +6,8 @@ A data plane takes a batch's plan and its splits and returns one
 work runs and how long it takes, never which rows land. Spark gets the splits packed into about
 two tasks a core, largest first, so tasks finish close together.
 
-A plane also runs a source's work outside any batch (:class:`~reclock.sources.base.RunsTasks`,
-the Postgres source's snapshot capture) through its ``map``, where its batches' tasks run;
+A plane also runs a source's work outside any batch (a probe's :class:`~reclock.sources.base.RunFirst`,
+the Postgres source's copy of a joining table) through its ``map``, where its batches' tasks run;
 :func:`task_runner` gives a plane's, or the driver's for a plane that has none. A Spark plane
 keeps its Python workers from being stopped while a pipeline waits (:func:`keep_warm`).
 """
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from reclock.errors import EngineUnavailable, ReclockError
 from reclock.runtime.task import BatchPlan, SplitResult, run_splits
-from reclock.sources.base import GroupReads, Split, TaskRunner, run_in_order
+from reclock.sources.base import GroupReads, Split
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -41,12 +41,24 @@ __all__ = [
     "MapsTasks",
     "SparkDataPlane",
     "StartingSparkDataPlane",
+    "TaskRunner",
     "WorkerCollections",
     "keep_warm",
+    "run_in_order",
     "task_runner",
 ]
 
 log = logging.getLogger("reclock.planes")
+
+
+#: ``run(fn, items)``: ``[fn(item) for item in items]``, computed where the pipeline's tasks run
+#: (Spark tasks on the Spark plane, the driver's threads otherwise), in the items' order.
+TaskRunner = Callable[[Callable[[Any], Any], Sequence[Any]], list[Any]]
+
+
+def run_in_order(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """The :data:`TaskRunner` of a plane that has none: every item here, one by one."""
+    return [fn(item) for item in items]
 
 
 class DataPlane(Protocol):

@@ -38,6 +38,7 @@ __all__ = [
     "Offset",
     "Partition",
     "Reread",
+    "cap_frontier",
     "decode_partition",
     "encode_partition",
     "label_upper",
@@ -265,3 +266,29 @@ def _looks_like_int(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def cap_frontier(lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
+    """Water-fill ``max_records`` over the partitions between ``lower`` and ``upper``.
+
+    Each lagging partition gets an equal share; what a short partition leaves over goes to the
+    others, so the cap is reached whenever there is enough data and no partition starves.
+    """
+    lags = {p: o - lower.offset(p) for p, o in upper.items() if o > lower.offset(p)}
+    if sum(lags.values()) <= max_records:
+        return upper
+    grant: dict[Partition, int] = {}
+    budget = max_records
+    pending = sorted(lags.items(), key=lambda item: item[1])
+    while pending:
+        share = budget // len(pending)
+        p, lag = pending[0]
+        if lag <= share:
+            grant[p] = lag
+            budget -= lag
+            pending.pop(0)
+            continue
+        for i, (p, _) in enumerate(pending):
+            grant[p] = share + (1 if i < budget - share * len(pending) else 0)
+        break
+    return lower.join(Frontier({p: lower.offset(p) + g for p, g in grant.items()}))

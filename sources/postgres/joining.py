@@ -17,11 +17,12 @@ whose commit LSN is below ``C``, and those at or after ``C`` are streamed by the
 (``C`` is after ``J``). The table is cut into chunks copied by the pipeline's tasks with the
 initial snapshot's machinery (:func:`~reclock.sources.postgres.snapshot.copy_chunk`), and the
 manifest ``joins/<output>.json`` (the table's spec as the snapshot sees it, ``C``, the chunks) is
-written **last**. The spec is read under the snapshot, so it is the definition of the copy's rows:
-columns added, dropped or retyped before ``C`` are simply the output's. The temporary slot goes
-with its connection, also when the process dies. A crash before the manifest bound nothing: the
-next probe copies again at a new ``C`` (the files of the dead attempt are deleted first; a late
-task of it writes a file no manifest names).
+written **last**: the probe asks the pipeline to run the copies (:class:`~reclock.sources.base.RunFirst`)
+and writes it with the answer (:class:`JoinCapture`). The spec is read under the snapshot, so it is
+the definition of the copy's rows: columns added, dropped or retyped before ``C`` are simply the
+output's. The temporary slot goes with its connection, also when the process dies. A crash before
+the manifest bound nothing: the next probe copies again at a new ``C`` (the files of the dead
+attempt are deleted first; a late task of it writes a file no manifest names).
 
 **The stream below ``C`` is skipped.** The snapshot holds every change of the table committed
 below ``C``; the reader drops them (:class:`JoinedBatches`), and keeps those at or after ``C``.
@@ -53,26 +54,27 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 
 from reclock.errors import ConfigError, DefiniteSourceError
-from reclock.sources.base import Split, TaskRunner
+from reclock.sources.base import Split
 from reclock.sources.postgres.catalog import TableSpec, describe, spec_json, spec_of_json
 from reclock.sources.postgres.changes import Change, ChangeBatches
 from reclock.sources.postgres.clients import connect, server_errors
 from reclock.sources.postgres.config import TableName
 from reclock.sources.postgres.leaving import changed_while_out, replaces
 from reclock.sources.postgres.pgoutput import parse_lsn
-from reclock.sources.postgres.snapshot import CHUNKS, Chunk, ChunkOffset, copied, copy_chunk, plan_chunks
+from reclock.sources.postgres.snapshot import CHUNKS, CaptureFailed, Chunk, ChunkOffset, ChunkTask, copied, plan_chunks
 from reclock.sources.postgres.state import StateFolder
 
 __all__ = [
     "JOINS",
     "Joined",
     "JoinedBatches",
+    "JoinCapture",
     "JoinedChunkSplit",
     "ReplaceSplit",
     "capture_join",
@@ -172,6 +174,33 @@ def published(cursor: Any, publication: str) -> list[TableName]:
     return sorted(TableName(s, n) for s, n in cursor.fetchall())
 
 
+class JoinCapture:
+    """A joining table's copy under way: its temporary slot's snapshot exported on the connection
+    held open here, its chunks planned (:attr:`tasks`), waiting for the pipeline's tasks to copy
+    them (:func:`~reclock.sources.postgres.snapshot.copy_chunk`). Driver-side only."""
+
+    def __init__(self, exporting: Any, joined: Joined, tasks: list[ChunkTask], state: StateFolder) -> None:
+        self._exporting = exporting
+        self._joined = joined
+        self.tasks = tasks
+        self._state = state
+
+    def copied(self, done: Sequence[Chunk | CaptureFailed]) -> Joined:
+        """Step 5: the manifest, last and whole, once every chunk is copied; the first failure
+        raised with its kind (transient: the copy starts over at the next probe)."""
+        self.abandon()  # the copies joined the snapshot: the temporary slot may go with it
+        table = self._joined.spec.table
+        chunks = copied(done, f"the copy of joining table {table.qualified} failed, it starts over")
+        assert chunks, "a table's copy has at least one chunk (possibly empty): its partition must be bound"
+        joined = replace(self._joined, chunks=tuple(chunks))
+        self._state.write_bytes(joined.manifest, joined.to_json().encode())
+        return joined
+
+    def abandon(self) -> None:
+        """Let the snapshot and the temporary slot go: the next probe copies again."""
+        self._exporting.close()
+
+
 def capture_join(
     dsn: str,
     slot: str,
@@ -181,12 +210,11 @@ def capture_join(
     state: StateFolder,
     *,
     chunk_pages: int,
-    run: TaskRunner,
     rejoin: int = 0,
     output_spec: TableSpec | None = None,
-) -> Joined:
-    """Copy ``table`` at the consistent point of a temporary slot by ``run``'s tasks; its manifest
-    once every chunk is written (see the module docstring). Called by the driver's probe.
+) -> JoinCapture:
+    """Start copying ``table`` at the consistent point of a temporary slot (see the module
+    docstring): its chunks planned for the pipeline's tasks. Called by the driver's probe.
 
     ``rejoin``: the table's ``n``-th return, whose output exists with ``output_spec``: a copy of
     other columns or another key cannot replace its rows, a definite error naming the table
@@ -214,17 +242,12 @@ def capture_join(
             if output_spec is not None and not replaces(spec, output_spec):
                 raise changed_while_out(spec, output_spec, publication)
             attempt = f"{prefix}{consistent:016X}"
+            # Step 4: the chunks, for the tasks to copy.
             tasks = plan_chunks(dsn, slot, publication, snapshot_name, attempt, [spec], state, chunk_pages)
-            # Step 4: the chunks, copied by tasks.
-            done = run(copy_chunk, tasks)
-        finally:
+        except BaseException:
             exporting.close()
-    chunks = copied(done, f"the copy of joining table {table.qualified} failed, it starts over")
-    assert chunks, "a table's copy has at least one chunk (possibly empty): its partition must be bound"
-    # Step 5: the manifest, last and whole.
-    joined = Joined(spec, consistent, tuple(chunks), rejoin)
-    state.write_bytes(joined.manifest, joined.to_json().encode())
-    return joined
+            raise
+    return JoinCapture(exporting, Joined(spec, consistent, (), rejoin), tasks, state)
 
 
 def _described_at(dsn: str, snapshot: str, table: TableName, envelope: str) -> TableSpec:

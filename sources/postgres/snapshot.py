@@ -5,30 +5,33 @@ consistent point (an LSN) and a snapshot that sees exactly the transactions comm
 The stream of the slot starts at that point, so the snapshot plus every transaction the slot
 sends is the database, once, with nothing between (Materialize's ``snapshot.rs`` does the same).
 
-**Landed ahead, by tasks.** The driver creates the slot and keeps the exporting connection open
-(an exported snapshot lives only as long as it, and only while it runs no other command); it
-cuts every table into chunks of ``snapshot_chunk_pages`` heap pages (``ctid`` ranges, the last one
-open-ended) and has the pipeline land them ahead of their binding
-(:class:`~reclock.sources.base.LandsAhead`, :mod:`reclock.runtime.ahead`): each chunk is a split
-of the batch binding the consistent point, run by the pipeline's tasks (Spark tasks on the
+**Landed ahead, by tasks.** The driver's probe creates the slot and keeps the exporting
+connection open (an exported snapshot lives only as long as it, and only while it runs no other
+command) in a :class:`Capture`; it cuts every table into chunks of ``snapshot_chunk_pages`` heap
+pages (``ctid`` ranges, the last one open-ended) and asks the pipeline to land them ahead of their
+binding (:class:`~reclock.sources.base.LandFirst`, :mod:`reclock.runtime.ahead`): each chunk is a
+split of the batch binding the consistent point, run by the pipeline's tasks (Spark tasks on the
 Spark plane), which open their own connection, join the snapshot (``SET TRANSACTION
 SNAPSHOT``), copy their range (:func:`copy_rows`), type its columns
 (:func:`~reclock.sources.postgres.chunks.typed_chunk`) and write the outputs' files, stamped at
 the into time reserved for that binding, uncommitted. The rows are written once: a snapshot
 copied into files of its own first, then landed, wrote them twice and could not keep up with
 one ``COPY`` into one Delta write (``docs/design/20261127_postgres_snapshot_floor.md``). A source
-used without a pipeline (no lander) captures into chunk files in the pipeline's folder of the
-lake (:class:`StateFolder`) by its :data:`~reclock.sources.base.TaskRunner`, read back later.
+probed without a pipeline (:meth:`~reclock.sources.base.Source.upper`) captures into chunk files
+in the pipeline's folder of the lake (:class:`StateFolder`) itself, read back later.
 
-**Captured once.** Only when every task succeeded does the driver write the manifest (the slot,
-its consistent point, the chunks, the landing), last and whole. A crash before it bound nothing:
-the next start drops the slot (and any chunk files) and captures again, at a new slot; no file
-of the first attempt was ever committed (vacuum removes them), so nothing can land twice (the
-duplication of Materialize #13749 came from a second snapshot *after* the first was bound). A
-chunk file's name carries its attempt (the consistent point), so a task of a dead attempt that
-finishes late writes a file no manifest names. After the manifest the snapshot is never taken
-again: the binding is minted at the landing's time and its batch commits the landing's files
-(or reads the chunk files), the same rows every time.
+**Captured once.** Only once the pipeline answered that the landing is durable in its own state
+(or every chunk file is written) does the driver close the exporting connection and write the
+manifest (the slot, its consistent point, the chunks), last and whole
+(:meth:`Capture.landed`, :meth:`Capture.copied`): the snapshot stays readable until the landing
+is durable. A crash before the manifest bound nothing: the next start drops the slot (and any
+chunk files) and captures again, at a new slot, and the pipeline replaces the landing it may have
+kept with the new one; no file of the first attempt was ever committed (vacuum removes them), so
+nothing can land twice (the duplication of Materialize #13749 came from a second snapshot
+*after* the first was bound). A chunk file's name carries its attempt (the consistent point), so
+a task of a dead attempt that finishes late writes a file no manifest names. After the manifest
+the snapshot is never taken again: the binding is minted at the landing's time and its batch
+commits the landing's files (or reads the chunk files), the same rows every time.
 
 **Bound whole.** Chunk ``i`` is offset ``i`` of the source's one partition (there are far fewer
 chunks than the consistent point's LSN, below which the stream has nothing), and the source's
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,16 +51,17 @@ import psycopg2
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from reclock.errors import DefiniteSourceError, TransientError
-from reclock.sources.base import LandedAhead, Split, TaskRunner
+from reclock.errors import ContractError, DefiniteSourceError
+from reclock.sources.base import Split
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.chunks import typed_chunk
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.state import StateFolder
-from reclock.timeline.frontier import Frontier
 
 __all__ = [
+    "Capture",
+    "CaptureFailed",
     "Chunk",
     "ChunkOffset",
     "ChunkTask",
@@ -106,42 +110,26 @@ class ChunkOffset(Split):
 
 @dataclass(frozen=True)
 class Manifest:
-    """The capture, kept whole: the slot, its consistent point, the chunks, and, when the
-    pipeline landed them ahead, that landing (its chunks then have no file)."""
+    """The capture, kept whole: the slot, its consistent point, the chunks (without a file when
+    the pipeline landed them ahead: what it wrote is in its own state, :mod:`reclock.runtime.ahead`)."""
 
     slot: str
     consistent_lsn: int
     chunks: tuple[Chunk, ...]
-    landed: LandedAhead | None = None
 
     def to_json(self) -> str:
-        landed = self.landed
         return json.dumps(
             {
                 "slot": self.slot,
                 "consistent_lsn": self.consistent_lsn,
                 "chunks": [[c.output, c.file, c.rows] for c in self.chunks],
-                "landed": None
-                if landed is None
-                else {
-                    "into_ts": landed.into_ts,
-                    "upper": landed.upper.to_json(),
-                    "record": landed.record,
-                    "read": list(landed.read),
-                },
             }
         )
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         data = json.loads(text)
-        kept = data.get("landed")
-        landed = (
-            None
-            if kept is None
-            else LandedAhead(kept["into_ts"], Frontier.from_json(kept["upper"]), kept["record"], tuple(kept["read"]))
-        )
-        return cls(data["slot"], data["consistent_lsn"], tuple(Chunk(*c) for c in data["chunks"]), landed)
+        return cls(data["slot"], data["consistent_lsn"], tuple(Chunk(*c) for c in data["chunks"]))
 
 
 @dataclass(frozen=True)
@@ -177,9 +165,45 @@ def load(state: StateFolder) -> Manifest | None:
     return None if text is None else Manifest.from_json(text)
 
 
-#: ``land(consistent_lsn, tasks)``: the chunks landed ahead in the outputs by the pipeline's
-#: tasks, each copying its own (:class:`~reclock.sources.base.LandsAhead`).
-LandChunks = Callable[[int, list[ChunkTask]], LandedAhead]
+class Capture:
+    """A capture under way: the slot created, its snapshot exported on the connection held open
+    here, the chunks planned (:attr:`tasks`), waiting for them to be landed or copied.
+
+    Made by the driver's probe (:func:`capture`); the probe asks the pipeline to land or copy the
+    chunks and, with its answer, finishes the capture (:meth:`landed`, :meth:`copied`), or gives it
+    up (:meth:`abandon`) when no answer comes. Driver-side only: it holds a connection.
+    """
+
+    def __init__(self, exporting: Any, slot: str, consistent_lsn: int, tasks: list[ChunkTask], state: StateFolder):
+        self._exporting = exporting
+        self.slot = slot
+        self.consistent_lsn = consistent_lsn
+        self.tasks = tasks
+        self._state = state
+
+    def landed(self, read: Sequence[int]) -> Manifest:
+        """The manifest of chunks the pipeline landed ahead (``read``: each chunk's rows), durable in
+        its state now: the snapshot may go."""
+        if len(read) != len(self.tasks):
+            raise ContractError(f"the pipeline answered {len(read)} chunks landed for {len(self.tasks)} asked")
+        self.abandon()
+        return self._finish([Chunk(task.spec.output, "", rows) for task, rows in zip(self.tasks, read, strict=True)])
+
+    def copied(self, done: Sequence[Chunk | CaptureFailed]) -> Manifest:
+        """The manifest of chunks :func:`copy_chunk` copied into files; the first failure raised
+        with its kind (transient: the capture starts over at the next probe)."""
+        self.abandon()  # the copies joined the snapshot: it may go whatever they did
+        return self._finish(copied(done, "the snapshot's capture failed, it starts over at the next probe"))
+
+    def abandon(self) -> None:
+        """Let the exported snapshot go (the slot stays: the next capture drops it)."""
+        self._exporting.close()
+
+    def _finish(self, chunks: list[Chunk]) -> Manifest:
+        assert len(chunks) < self.consistent_lsn, "more snapshot chunks than LSNs below the consistent point"
+        manifest = Manifest(self.slot, self.consistent_lsn, tuple(chunks))
+        self._state.write_bytes(MANIFEST, manifest.to_json().encode())
+        return manifest
 
 
 def capture(
@@ -191,12 +215,9 @@ def capture(
     *,
     take: bool,
     chunk_pages: int,
-    run: TaskRunner,
-    land: LandChunks | None = None,
-) -> Manifest:
-    """Create the slot and capture the snapshot (``take``): landed ahead in the outputs by
-    ``land``, or, with no pipeline to land into, into chunk files in ``state`` by ``run``'s
-    tasks; the manifest once every chunk is landed or written.
+) -> Capture:
+    """Create the slot and plan the snapshot's chunks (none unless ``take``), its snapshot held
+    exported until the capture finishes (:class:`Capture`).
 
     Called by the driver's first probe when ``state`` has no manifest: whatever a crashed
     attempt left (a slot, chunk files) is dropped first.
@@ -219,27 +240,10 @@ def capture(
                 _, consistent_point, snapshot_name, _ = cur.fetchone()
             consistent = parse_lsn(consistent_point)
             tasks = plan_chunks(dsn, slot, publication, snapshot_name, f"{consistent:016X}", specs, state, chunk_pages)
-            tasks = tasks if take else []
-            landed = _land(land, consistent, tasks) if land is not None and tasks else None
-            done = [] if landed is not None else run(copy_chunk, tasks)
-        finally:
-            exporting.close()  # only now: the tasks joined the snapshot it exported
-    if landed is not None:
-        chunks = [Chunk(task.spec.output, "", rows) for task, rows in zip(tasks, landed.read, strict=True)]
-    else:
-        chunks = copied(done, "the snapshot's capture failed, it starts over at the next probe")
-    assert len(chunks) < consistent, "more snapshot chunks than LSNs below the consistent point"
-    manifest = Manifest(slot, consistent, tuple(chunks), landed)
-    state.write_bytes(MANIFEST, manifest.to_json().encode())
-    return manifest
-
-
-def _land(land: LandChunks, consistent: int, tasks: list[ChunkTask]) -> LandedAhead:
-    """``land``, its transient failure said as the capture's: it starts over at a new slot."""
-    try:
-        return land(consistent, tasks)
-    except TransientError as exc:
-        raise PostgresUnavailable(f"the snapshot's capture failed, it starts over at the next probe: {exc}") from None
+        except BaseException:
+            exporting.close()
+            raise
+    return Capture(exporting, slot, consistent, tasks if take else [], state)
 
 
 def copied(done: Sequence[Chunk | CaptureFailed], failed: str) -> list[Chunk]:

@@ -9,9 +9,11 @@ chunks (:mod:`~reclock.sources.postgres.snapshot`).
 * ``upper`` (the probe, on the driver): the server's ``pg_current_wal_flush_lsn()``: every
   transaction whose commit record starts below it is durable and will be sent by the slot. It
   moves with any WAL the server writes, so an idle source's frontier moves too.
-  The first probe captures the snapshot, its chunks landed ahead in the outputs by the
-  pipeline's tasks (the source :class:`~reclock.sources.base.LandsAhead`; without a pipeline,
-  copied into chunk files by tasks, :class:`~reclock.sources.base.RunsTasks`).
+  The first probe captures the snapshot: it asks the pipeline to land its chunks ahead in the
+  outputs (the source :class:`~reclock.sources.base.AsksFirst`, its probe a
+  :class:`~reclock.sources.base.LandFirst`; probed without a pipeline, :meth:`PostgresSource.upper`
+  copies them into chunk files itself), and asks its tasks to copy a joining table
+  (a :class:`~reclock.sources.base.RunFirst`).
 * ``splits``: one split per snapshot chunk, and one replication range ``[lower, upper)`` (a slot
   is read by one connection at a time, so the range is not cut).
 * ``read``: a chunk from the exported snapshot while it is landed ahead, or from its captured
@@ -43,21 +45,17 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import (
+    AsksFirst,
     AwaitsOutputs,
     DistinctInserts,
     GroupReads,
     GrowsOutputs,
     JoinedOutput,
-    LandedAhead,
-    Lander,
-    LandsAhead,
     Output,
     SourceBase,
     SourceContext,
     Split,
-    TaskRunner,
     check_record_error_policy,
-    run_in_order,
 )
 from reclock.sources.postgres.catalog import (
     TableSpec,
@@ -70,28 +68,26 @@ from reclock.sources.postgres.catalog import (
 from reclock.sources.postgres.changes import ChangeBatches
 from reclock.sources.postgres.chunks import chunk_batches
 from reclock.sources.postgres.clients import SlotInUse, connect, server_errors
-from reclock.sources.postgres.config import PostgresOptions, TableName, may_name_a_table, slot_name
+from reclock.sources.postgres.config import PostgresOptions, may_name_a_table, slot_name
 from reclock.sources.postgres.joining import (
+    JoinCapture,
     Joined,
     JoinedBatches,
     JoinedChunkSplit,
     ReplaceSplit,
-    capture_join,
     load_joins,
     published,
     replacement,
 )
-from reclock.sources.postgres.leaving import Left, load_left, record_left
-from reclock.sources.postgres.pgoutput import lsn_text, parse_lsn
+from reclock.sources.postgres.leaving import Left, load_left
+from reclock.sources.postgres.pgoutput import lsn_text
+from reclock.sources.postgres.probing import WAL, ChunkSplit, PostgresProbe
 from reclock.sources.postgres.snapshot import (
+    Capture,
     Chunk,
-    ChunkOffset,
-    ChunkTask,
     Manifest,
-    capture,
     copy_in_turn,
     copy_rows,
-    load,
     read_chunk,
 )
 from reclock.sources.postgres.state import StateFolder
@@ -102,24 +98,13 @@ __all__ = ["WAL", "ChunkSplit", "PostgresSource", "RangeSplit"]
 
 log = logging.getLogger("reclock.sources.postgres")
 
-#: The source's one partition: the database's write-ahead log, in commit LSNs.
-WAL = "wal"
-
-
-@dataclass(frozen=True)
-class ChunkSplit(ChunkOffset):
-    """One snapshot chunk (offset ``start`` = the chunk's index): read from the exported snapshot
-    by its ``copy`` while it is landed ahead, from its file when captured into one."""
-
-    copy: ChunkTask | None = None
-
 
 @dataclass(frozen=True)
 class RangeSplit(Split):
     """The transactions committed in ``[start, end)``, read from the slot."""
 
 
-class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, DistinctInserts, LandsAhead):
+class PostgresSource(PostgresProbe, SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, DistinctInserts, AsksFirst):
     """Tables of one PostgreSQL database, through one slot and one publication (module docstring)."""
 
     #: A task's copies wait on the server and write parquet outside the GIL, its ranges on the
@@ -164,8 +149,6 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         ):
             raise ConfigError("state_dir", f"must be a folder's path or an s3:// URI, got {state_dir!r}")
         self.state = StateFolder.at(state_dir) if isinstance(state_dir, str) else state_dir
-        self._run: TaskRunner = run_in_order
-        self._land: Lander | None = None
         self.on_record_error = check_record_error_policy(on_record_error)
         kept = pinned_tables(self.state)
         conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
@@ -194,6 +177,9 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         self.leaves: tuple[Left, ...] = load_left(self.state)
         self._unknown: frozenset[str] = frozenset()
         self._manifest: Manifest | None = None
+        #: The capture whose probe waits for the pipeline's answer (driver-side: it holds the
+        #: connection that exported its snapshot).
+        self._waiting: Capture | JoinCapture | None = None
 
     @classmethod
     def from_config(cls, options: Mapping[str, Any], context: SourceContext) -> PostgresSource:
@@ -205,28 +191,10 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         defaults = {"slot": name, "publication": name, "state_dir": state}
         return cls(**{**defaults, **options, "on_record_error": context.on_record_error})
 
-    def use_tasks(self, run: TaskRunner) -> None:
-        """The snapshot's chunks are copied by ``run``'s tasks (:class:`~reclock.sources.base.RunsTasks`)."""
-        self._run = run
-
-    def use_lander(self, land: Lander) -> None:
-        """The snapshot is landed ahead in the outputs by ``land`` (:class:`~reclock.sources.base.LandsAhead`):
-        one pass, instead of chunk files landed after the binding."""
-        self._land = land
-
-    def landed_ahead(self) -> LandedAhead | None:
-        """The snapshot's landing, kept in the manifest (read once, never captured here)."""
-        if self._manifest is None and self.state is not None:
-            kept = load(self.state)
-            if kept is not None and kept.slot == self.options.slot:
-                self._manifest = kept
-        return None if self._manifest is None else self._manifest.landed
-
     def __getstate__(self) -> dict[str, Any]:
-        """A task's copy: without the runner and the lander, which hold the driver's pipeline."""
+        """A task's copy: without the capture the driver holds open (its exporting connection)."""
         state = dict(self.__dict__)
-        state["_run"] = run_in_order
-        state["_land"] = None
+        state["_waiting"] = None
         return state
 
     # -- the Source protocol --------------------------------------------------------------------
@@ -252,35 +220,6 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         if unknown:
             raise ConfigError(f"outputs.{unknown[0]}.schema_evolution", f"the source has no output {unknown[0]!r}")
         self._unknown = frozenset(outputs)
-
-    def upper(self) -> Frontier:
-        """The server's WAL flush position; the first call captures the snapshot if none is, and
-        every call copies the tables that joined the publication since the last, or came back to
-        it (:mod:`~reclock.sources.postgres.joining`, :mod:`~reclock.sources.postgres.leaving`):
-        each copy is a partition of its own, reported with a WAL upper past its consistent point
-        (the flush position is read after it)."""
-        manifest = self._captured()
-        conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
-        try:
-            with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
-                listed = published(cur, self.options.publication) if self.options.whole_publication else None
-                joining = self._joining(listed or [])
-                back = self._follow_removals(cur, listed) if listed is not None else []
-        finally:
-            conn.close()
-        for table in joining:
-            self._join(table)
-        for left in back:
-            self._join(left.table, rejoin=left.returns + 1)
-        conn = connect(self.options.dsn, timeout_s=self.options.read_timeout_s)
-        try:
-            with server_errors(self.options.slot, self.options.publication), conn.cursor() as cur:
-                cur.execute("SELECT pg_current_wal_flush_lsn()")
-                flushed = parse_lsn(cur.fetchone()[0])
-        finally:
-            conn.close()
-        wal = max(flushed, manifest.consistent_lsn, *(j.consistent_lsn for j in self.joins))
-        return Frontier({WAL: wal, **{j.partition: j.upper for j in self.joins}})
 
     def cap(self, lower: Frontier, upper: Frontier, max_records: int) -> Frontier:
         """A binding takes the whole probe, except that the snapshot is bound alone: the first
@@ -423,15 +362,6 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
             unknown=self._unknown,
         )
 
-    def _land_snapshot(self, consistent: int, tasks: list[ChunkTask]) -> LandedAhead:
-        """The snapshot's chunks landed ahead by the pipeline (:meth:`use_lander`), a split each,
-        the frontier they bind the slot's consistent point (the first binding's, :meth:`cap`)."""
-        assert self._land is not None
-        splits = [
-            ChunkSplit(WAL, t.index, t.index + 1, Chunk(t.spec.output, "", t.rows), consistent, copy=t) for t in tasks
-        ]
-        return self._land(Frontier({WAL: consistent}), splits)
-
     def commit(self, frontier: Frontier) -> None:
         """Confirm the slot up to the resume frontier (advisory: a failure is logged, and the
         next batch confirms further). The batch's reader closed its replication connection a
@@ -468,20 +398,11 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
         finally:
             conn.close()
 
-    def close(self) -> None:
-        """Nothing held between calls: every stage opens and closes its own connection."""
-
     def __repr__(self) -> str:
         tables = [t.qualified for t in self.options.tables]
         return f"PostgresSource(tables={tables!r}, slot={self.options.slot!r}, envelope={self.options.envelope!r})"
 
     # -- internals ------------------------------------------------------------------------------
-
-    @property
-    def _read_specs(self) -> tuple[TableSpec, ...]:
-        """The tables a reader reads: the initial ones and those joined (a return reads its
-        output's spec, which its copy's columns are, :func:`~reclock.sources.postgres.leaving.replaces`)."""
-        return (*self.specs, *(j.spec for j in self.joins if not j.rejoin))
 
     def _spans(self) -> dict[str, list[tuple[int, int | None]]]:
         """Per output, the commit LSNs whose changes it reads: one span per stint of its table in
@@ -514,108 +435,3 @@ class PostgresSource(SourceBase, GroupReads, GrowsOutputs, AwaitsOutputs, Distin
             fail=self.on_record_error == "fail",
             unknown=self._unknown,
         )
-
-    def _joining(self, listed: Sequence[TableName]) -> list[TableName]:
-        """The tables the definition selects now (``listed``: the publication's, with ``"*"``)
-        that are neither initial nor joined yet."""
-        have = {s.table for s in self._read_specs}
-        return sorted({t for t in (*self._named_later, *listed) if t not in have})
-
-    def _away(self) -> dict[str, Left]:
-        """The outputs whose table is out of the publication now: its last removal, not yet
-        followed by a return."""
-        returns: dict[str, int] = {}
-        for j in self.joins:
-            returns[j.spec.output] = max(returns.get(j.spec.output, 0), j.rejoin)
-        return {left.output: left for left in self.leaves if left.returns == returns.get(left.output, 0)}
-
-    def _follow_removals(self, cur: Any, listed: Sequence[TableName]) -> list[Left]:
-        """Record each table read that left the publication, at the WAL insert position read
-        after ``listed`` (:mod:`~reclock.sources.postgres.leaving`); the removals of those that
-        are back, to be copied again. A table ``tables`` names is the definition's own, added by
-        the source."""
-        now = set(listed)
-        away = self._away()
-        back = []
-        for spec in self._read_specs:
-            left = away.get(spec.output)
-            if spec.table in now:
-                if left is not None:
-                    back.append(left)
-                continue
-            if left is not None or spec.table in self.options.tables:
-                continue
-            cur.execute("SELECT pg_current_wal_insert_lsn()")
-            returns = sum(1 for j in self.joins if j.spec.output == spec.output and j.rejoin)
-            left = Left(spec.table, spec.output, parse_lsn(cur.fetchone()[0]), returns)
-            record_left(self.state, left)
-            self.leaves = (*self.leaves, left)
-            log.warning(
-                "table %s left publication %s: output %s keeps its rows and stops at LSN %s",
-                spec.table.qualified,
-                self.options.publication,
-                spec.output,
-                lsn_text(left.lsn),
-            )
-        return back
-
-    def warnings(self) -> Sequence[str]:
-        """The tables out of the publication now (``reclock status`` shows them)."""
-        return [
-            f"table {left.table.qualified} left publication {self.options.publication}: "
-            f"output {left.output} stopped at LSN {lsn_text(left.lsn)}"
-            for left in self._away().values()
-        ]
-
-    def _join(self, table: TableName, rejoin: int = 0) -> None:
-        """Copy a joining table, or one back in the publication (its ``rejoin``-th return, whose
-        copy must be of its output's columns): :func:`~reclock.sources.postgres.joining.capture_join`.
-        It is read from now on, its changes below the copy dropped."""
-        assert self.state is not None, "tables join only once the snapshot is captured, in the state folder"
-        output = next((s for s in self._read_specs if s.table == table), None) if rejoin else None
-        joined = capture_join(
-            self.options.dsn,
-            self.options.slot,
-            self.options.publication,
-            self.options.envelope,
-            table,
-            self.state,
-            chunk_pages=self.options.snapshot_chunk_pages,
-            run=self._run,
-            rejoin=rejoin,
-            output_spec=output,
-        )
-        self.joins = (*self.joins, joined)
-        log.info(
-            "table %s %s the publication: %d rows copied at LSN %s, output %s",
-            table.qualified,
-            "came back to" if rejoin else "joined",
-            sum(c.rows for c in joined.chunks),
-            lsn_text(joined.consistent_lsn),
-            joined.spec.output,
-        )
-
-    def _captured(self) -> Manifest:
-        """The slot and the snapshot's manifest, captured on first need (by the driver and its tasks)."""
-        if self._manifest is None:
-            if self.state is None:
-                raise ConfigError(
-                    "state_dir",
-                    "the source keeps its slot's snapshot in a folder every task reaches: "
-                    "give state_dir (a path or an s3:// URI), or run it in a pipeline, which gives its lake's",
-                )
-            manifest = load(self.state)
-            if manifest is None or manifest.slot != self.options.slot:
-                manifest = capture(
-                    self.options.dsn,
-                    self.options.slot,
-                    self.options.publication,
-                    self.specs,
-                    self.state,
-                    take=self.options.snapshot,
-                    chunk_pages=self.options.snapshot_chunk_pages,
-                    run=self._run,
-                    land=self._land_snapshot if self._land is not None else None,
-                )
-            self._manifest = manifest
-        return self._manifest

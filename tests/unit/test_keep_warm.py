@@ -9,7 +9,7 @@ import time
 
 import pyarrow as pa
 
-from reclock.runtime import pipeline as pipeline_module
+from reclock.runtime import loop as pipeline_module
 from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.planes import LocalDataPlane
 from reclock.runtime.settings import Settings

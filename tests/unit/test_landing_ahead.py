@@ -1,9 +1,11 @@
 """A batch landed ahead of its binding (:mod:`reclock.runtime.ahead`): read once, bound at the time
 reserved for it, committed from the files the landing wrote, exactly once through crashes.
 
-The source here reads its ``snapshot`` partition only inside its probe, as a database's exported
-snapshot is readable only while the connection that exported it lives: a second read of it fails
-the test. What it keeps "durably" is a dictionary that outlives the pipelines built on it.
+The source here reads its ``snapshot`` partition only between the probe that asks the runtime to
+land it (:class:`~reclock.sources.base.LandFirst`) and the probe that hears the answer, as a
+database's exported snapshot is readable only while the connection that exported it lives: a
+second read of it fails the test. What it keeps "durably" is a dictionary that outlives the
+pipelines built on it; what the runtime landed is kept in the runtime's own state.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from deltalake import DeltaTable
 from reclock.errors import DefiniteSourceError, TransientError
 from reclock.persist.lake import Lake
 from reclock.runtime.pipeline import Pipeline
-from reclock.sources.base import DistinctInserts, LandedAhead, Lander, LandsAhead, Output, Split
+from reclock.sources.base import Answer, AsksFirst, DistinctInserts, LandFirst, Output, Probe, Split
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from reclock.timeline.frontier import INTO_TS, Frontier
 
@@ -27,8 +29,8 @@ KV = pa.schema([("k", pa.int64()), ("v", pa.string())])
 SNAPSHOT, STREAM = "snapshot", "stream"
 
 
-class OnceSource(MemorySource, DistinctInserts, LandsAhead):
-    """``snapshot`` readable only while its probe lands it; ``kept``: its durable state."""
+class OnceSource(MemorySource, DistinctInserts, AsksFirst):
+    """``snapshot`` readable only while its landing is asked for; ``kept``: its durable state."""
 
     def __init__(self, kept: dict, rows: int = 6, *, crash_after_keeping: bool = False, fail: bool = False) -> None:
         super().__init__(
@@ -45,29 +47,21 @@ class OnceSource(MemorySource, DistinctInserts, LandsAhead):
         self.reads = 0
         self.crash_after_keeping = crash_after_keeping
         self.fail = fail
-        self._land: Lander | None = None
-
-    def use_lander(self, land: Lander) -> None:
-        self._land = land
-
-    def landed_ahead(self) -> LandedAhead | None:
-        return self.kept.get("landed")
 
     def distinct_inserts(self, splits: Sequence[Split]) -> frozenset[str]:
         return frozenset({"kv"}) if splits and all(s.partition == SNAPSHOT for s in splits) else frozenset()
 
-    def upper(self) -> Frontier:
+    def probe(self, answer: Answer | None) -> Probe:
         snapshot = Frontier({SNAPSHOT: len(self._log[SNAPSHOT])})
-        if "landed" not in self.kept:
-            assert self._land is not None
-            self.readable = True
-            try:
-                self.kept["landed"] = self._land(snapshot, self.splits(Frontier(), snapshot))
-            finally:
-                self.readable = False
+        self.readable = False  # answered (the landing is durable) or given up: the snapshot goes
+        if answer is not None:
+            self.kept["landed"] = answer.landed
             if self.crash_after_keeping:
                 raise SimulatedCrash("after keeping the landing")
-        return super().upper()
+        if "landed" not in self.kept:
+            self.readable = True
+            return Probe(land_first=LandFirst(snapshot, tuple(self.splits(Frontier(), snapshot))))
+        return Probe(upper=super().upper())
 
     def read(self, split: Split) -> Iterator[tuple[str, pa.RecordBatch]]:
         if split.partition == SNAPSHOT:
@@ -108,9 +102,9 @@ def test_a_landing_ahead_is_read_once_bound_at_its_reserved_time_and_committed_a
     clock = FakeClock(5_000)
     pipeline = Pipeline("p", tmp_path, source, now=clock)
     pipeline.step()
-    landed = kept["landed"]
+    assert kept["landed"] == (2,) * 6  # the answer: each split's records, landed
     assert source.reads == 12  # each record once, in the probe; the batch read none again
-    assert [t for t, _ in pipeline.remap.bindings] == [landed.into_ts] == [5_000]
+    assert [t for t, _ in pipeline.remap.bindings] == [5_000]  # the time reserved for the landing
     for output, rows in _expected(5_000).items():
         assert _rows(tmp_path, output) == rows
         table = _table(tmp_path, output)
@@ -144,10 +138,14 @@ def test_a_crash_after_the_landing_is_kept_commits_its_files_exactly_once_at_its
         assert _parquet_files(tmp_path, output) == written[output]  # no file written after the landing
 
 
-def test_a_crash_inside_the_landing_binds_nothing_and_the_next_probe_lands_again(tmp_path):
+@pytest.mark.parametrize("crash", ["landed-ahead", "kept-ahead"])
+def test_a_crash_inside_the_landing_binds_nothing_and_the_next_probe_lands_again(tmp_path, crash):
+    """Killed once the tasks wrote the files, before the runtime kept the landing, or after it kept
+    it but before the source heard: the source, never answered, asks again; the new landing
+    replaces the old, at which nothing was bound."""
     kept: dict = {}
     with pytest.raises(SimulatedCrash):
-        Pipeline("p", tmp_path, OnceSource(kept), now=FakeClock(5_000), on_step=CrashAt("landed-ahead")).step()
+        Pipeline("p", tmp_path, OnceSource(kept), now=FakeClock(5_000), on_step=CrashAt(crash)).step()
     assert kept == {}
     orphans = _parquet_files(tmp_path, "log")
     assert orphans  # written, never committed

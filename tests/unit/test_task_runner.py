@@ -1,6 +1,6 @@
-"""Work a source runs outside batches (:class:`~reclock.sources.base.RunsTasks`): where it runs,
-in which order its results come back, and what a task's copy of the source carries; and the
-Postgres source's state folder on a local disk (S3: tests/integration/postgres_source)."""
+"""Work a source's probe asks the runtime to run outside batches (:class:`~reclock.sources.base.RunFirst`):
+where it runs, in which order its results come back, and what a task's copy of the source carries;
+and the Postgres source's state folder on a local disk (S3: tests/integration/postgres_source)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import threading
 
 import pyarrow as pa
 
-from reclock.runtime.planes import LocalDataPlane, task_runner
-from reclock.sources.base import RunsTasks, run_in_order
+from reclock.runtime.planes import LocalDataPlane, run_in_order, task_runner
+from reclock.sources.base import AsksFirst
 from reclock.sources.postgres.source import PostgresSource
 from reclock.sources.postgres.state import StateFolder
 
@@ -34,15 +34,13 @@ def test_a_plane_without_map_runs_the_work_here():
     assert run_in_order(_square_and_thread, [3])[0][0] == 9
 
 
-def test_the_postgres_source_runs_tasks_and_never_pickles_its_runner():
-    source = PostgresSource.__new__(PostgresSource)  # no server: only the runner's plumbing
-    source._run = run_in_order
-    assert isinstance(source, RunsTasks)
-    plane = LocalDataPlane()
-    source.use_tasks(plane.map)
-    assert source._run == plane.map
+def test_the_postgres_source_asks_first_and_never_pickles_the_capture_it_holds_open():
+    source = PostgresSource.__new__(PostgresSource)  # no server: only the pickling of a task's copy
+    held = threading.Lock()  # stands for the capture's exporting connection: it cannot pickle
+    source._waiting = held
+    assert isinstance(source, AsksFirst)
     copy = pickle.loads(pickle.dumps(source))
-    assert copy._run is run_in_order and source._run == plane.map
+    assert copy._waiting is None and source._waiting is held
 
 
 def test_a_local_state_folder_writes_whole_files_and_clears(tmp_path):

@@ -20,6 +20,7 @@ import pytest
 from reclock.persist.asof import read_as_of, readable_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.runtime.pipeline import Pipeline
+from reclock.runtime.planes import LocalDataPlane
 from reclock.sources.postgres.source import PostgresSource
 from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, label_of, read_rows
@@ -202,10 +203,13 @@ class _Killed(BaseException):
     """The process dies here (never caught by the pipeline's handlers)."""
 
 
-def _dying_runner(fn, items):
-    """Copies the first chunk of a capture, then the process dies."""
-    fn(items[0])
-    raise _Killed
+class _DyingPlane(LocalDataPlane):
+    """Runs batches as the driver's plane does; of work outside batches (a table's copy), copies
+    the first chunk, then the process dies."""
+
+    def map(self, fn, items):
+        fn(items[0])
+        raise _Killed
 
 
 @pytest.mark.parametrize("crash", ["capture", "manifest", "minted", "born:public_c", "committed:public_a"])
@@ -224,9 +228,8 @@ def test_a_crash_anywhere_in_the_join_converges_to_exactly_once(postgres, tmp_pa
     _join_c(postgres, db)
     state = tmp_path / "state"
     if crash == "capture":
-        source.use_tasks(_dying_runner)
         with pytest.raises(_Killed):
-            pipeline.step()
+            Pipeline("pg", lake, source, data_plane=_DyingPlane()).step()
         assert list((state / "chunks").glob("join-*-public_c.parquet"))  # the copy had begun
         assert not (state / "joins").exists() or not list((state / "joins").iterdir())
     elif crash == "manifest":

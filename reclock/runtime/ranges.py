@@ -1,4 +1,4 @@
-"""Planning: step 3 of a batch, which source range the next batch covers and in which pieces.
+"""The ranges of batches: which bindings and source range the next batch covers (step 3 of the design).
 
 A batch starts at the slowest output, ``lower = R(resume upper - 1)``, and covers the pending
 bindings from there on, as many as fit in ``max_batch`` offsets (at least one): a catch-up after
@@ -12,12 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from reclock.persist.remap import Skip
-from reclock.runtime.task import SplitResult
 from reclock.sources.base import Split
 from reclock.timeline.bindings import Bindings
 from reclock.timeline.frontier import Frontier, IntoTime, Partition
 
-__all__ = ["BatchRange", "in_split_order", "plan_batch", "without_skips"]
+__all__ = ["BatchRange", "plan_batch", "without_skips"]
 
 
 @dataclass(frozen=True)
@@ -50,13 +49,6 @@ def plan_batch(bindings: Bindings, resume_upper: IntoTime, max_batch: int) -> Ba
     if upper.is_closed:
         upper = bindings.source_upper_at(binding_ts)
     return BatchRange(binding_ts, lower, upper)
-
-
-def in_split_order(results: list[SplitResult], splits: Sequence[Split]) -> list[SplitResult]:
-    """Results in the order of the planned splits (a plane may return them as its tasks ran), so
-    "first" in a failure and the order of status rows mean the source's order."""
-    position = {(s.partition, s.start): i for i, s in enumerate(splits)}
-    return sorted(results, key=lambda r: position.get((r.split.partition, r.split.start), len(position)))
 
 
 def without_skips(splits: Sequence[Split], skips: list[Skip]) -> list[Split]:
