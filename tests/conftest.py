@@ -118,16 +118,19 @@ def reclock_processes() -> Iterator[None]:
 
     Function-scoped, so it sets up after every session and module fixture: the processes those
     start (the broker, Spark, moto) are already children when it looks, and are left alone. The
-    commands :mod:`tests.zygote` forked for the test are the zygote's children, found there.
+    commands :mod:`tests.zygote` forked for the test (for this process, or for a shell's
+    ``reclock``, :mod:`tests.zygote_shim`) are the zygote's children that were not there before.
     """
     from tests import zygote
 
-    before, forked = set(_children()), set(zygote.spawned)
+    before = set(_children())
+    server = zygote.server_pid()
+    forked_before = set(_children(server)) if server is not None else set()
     yield
     left = {pid: argv for pid, argv in _children().items() if pid not in before and pid != zygote.server_pid()}
     server = zygote.server_pid()
     if server is not None:  # commands the zygote forked for this test (its children, not this process's)
-        left |= {pid: ["reclock"] for pid in _children(server) if pid in zygote.spawned - forked}
+        left |= {pid: ["reclock"] for pid in _children(server) if pid not in forked_before}
     for pid, argv in left.items():
         if not any("reclock" in arg for arg in argv):
             continue

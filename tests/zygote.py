@@ -48,7 +48,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ForkedPopen", "ZygoteRefused", "popen", "reclock_command", "run", "server_pid", "spawned"]
+__all__ = ["ForkedPopen", "ZygoteRefused", "popen", "reclock_command", "run", "server_pid", "shim", "spawned"]
 
 #: What every command imports before it does anything (the zygote imports it once).
 PRELOAD = (
@@ -83,6 +83,23 @@ def server_pid() -> int | None:
     """The PID of this process's zygote, if it has one running."""
     client = _Client._instance
     return None if client is None else client.process.pid
+
+
+def shim(folder: Path) -> Path | None:
+    """A ``reclock`` script in ``folder`` for shells, whose commands this process's zygote forks
+    (:mod:`tests.zygote_shim`); None when the zygote is off, so the caller writes its own."""
+    client = _Client.get()
+    if client is None:
+        return None
+    variables = folder / ".zygote-python.json"
+    variables.write_text(json.dumps(client.python_variables))
+    script = folder / "reclock"
+    shim_py = _ROOT / "tests" / "zygote_shim.py"
+    script.write_text(
+        f'#!/bin/sh\nexec "{sys.executable}" -S -E "{shim_py}" "{client.path}" "{variables}" "{sys.executable}" "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
 
 
 def reclock_command(*args: str) -> list[str]:
@@ -448,6 +465,8 @@ def _become(request: dict[str, Any], fds: list[int]) -> list[str]:
     os.environ.clear()
     os.environ.update(request["env"])
     sys.path[0] = request["cwd"]  # as ``python -m`` puts the working folder first
+    extra = [folder for folder in request.get("pythonpath", ()) if folder not in sys.path]
+    sys.path[1:1] = extra  # a shell's PYTHONPATH (tests/zygote_shim.py), where the interpreter puts it
     sys.argv = list(request["argv"])
     return sys.argv
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import zygote
 from tests.docs_blocks import ROOT, Block, all_blocks
 
 NUMBER = re.compile(r"(\d[\d,.:]*)")
@@ -75,11 +76,13 @@ def test_every_run_block_of_the_docs_runs_with_the_output_it_shows(key, tmp_path
 def _environment(bin_dir: Path) -> dict[str, str]:
     """This process's environment, less any RECLOCK_* setting, with this checkout's CLI first."""
     bin_dir.mkdir()
-    # this checkout first, whatever PYTHONPATH a documented command sets for its own modules
-    (bin_dir / "reclock").write_text(
-        f'#!/bin/sh\nPYTHONPATH="{ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" -m reclock.cli "$@"\n'
-    )
-    (bin_dir / "reclock").chmod(0o755)
+    # forked from the test's zygote (tests/zygote_shim.py), or else this checkout's in its own
+    # interpreter, first whatever PYTHONPATH a documented command sets for its own modules
+    if zygote.shim(bin_dir) is None:
+        (bin_dir / "reclock").write_text(
+            f'#!/bin/sh\nPYTHONPATH="{ROOT}${{PYTHONPATH:+:$PYTHONPATH}}" exec "{sys.executable}" -m reclock.cli "$@"\n'
+        )
+        (bin_dir / "reclock").chmod(0o755)
     (bin_dir / "python").symlink_to(sys.executable)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECLOCK_")}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
