@@ -42,6 +42,7 @@ from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields, new_fields_of
 from reclock.persist.faults import lake_io
 from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
+from reclock.persist.merge import UNSENT, fold_unsent, merge_batch
 from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 from reclock.timeline.frontier import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
@@ -271,6 +272,7 @@ class OutputSink:
                 *self.schema,
                 pa.field(DELETED, pa.bool_(), nullable=False),
                 pa.field(TRUNCATED, pa.bool_(), nullable=False),
+                pa.field(UNSENT, pa.list_(pa.string())),
             ]
         )
 
@@ -376,19 +378,9 @@ class OutputSink:
         post-commit step (a checkpoint) failed, and the retry's label check tells which.
         """
         if self.staging is not None and files and not append:
-            held = table.version()
             new = new_fields_of(files)
-            self._merge(table, self.staging, files, properties, new)
-            if table.version() == held:
-                # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
-                table.create_write_transaction(
-                    [],
-                    mode="append",
-                    schema=table.schema(),
-                    commit_properties=properties,
-                    post_commithook_properties=hooks_for_next_commit(table),
-                )
-            elif new:
+            self._merge(table, self.staging, files, properties, new, now_ms)
+            if new:
                 self.schema = pa.schema([*self.schema, *(pa.field(name, pa.string()) for name in new)])
         elif any(f.new_fields for f in files):
             self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
@@ -413,11 +405,13 @@ class OutputSink:
         files: list[DataFile],
         properties: CommitProperties,
         new: list[str],
+        now_ms: int,
     ) -> None:
         """One MERGE of the latest staged record per key (``files``, in ``staging``), on the snapshot
-        the label was read from. Fields the records bring (``new``, under ``add``) become nullable
-        string columns in that same commit (delta-rs's MERGE with ``merge_schema``): rows the MERGE
-        does not write read them as null.
+        the label was read from, written and committed with the label by
+        :func:`~reclock.persist.merge.merge_batch`. Fields the records bring (``new``, under
+        ``add``) become nullable string columns in that same commit: rows the MERGE does not
+        write read them as null.
 
         A TRUNCATE record (``_truncated``) empties the table at its place in the batch's order: the
         records before the last one are dropped, and the MERGE also deletes every row of the
@@ -434,28 +428,25 @@ class OutputSink:
         truncated = len(truncates) > 0
         if truncated:
             order = order.slice(truncates[-1].as_py() + 1)
+        order = fold_unsent(order, self.key, DELETED)
         order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))
         latest = order.group_by(list(self.key)).aggregate([("__rank", "max")]).column("__rank_max")
         batch = order.take(latest).drop_columns(["__order", "__rank"])
-        columns = {name: f"s.`{name}`" for name in [*self.schema.names, *new]}
-        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.key)
-        merge = (
-            table.merge(
-                batch,
-                on,
-                source_alias="s",
-                target_alias="t",
-                merge_schema=bool(new),
-                commit_properties=properties,
-                post_commithook_properties=hooks_for_next_commit(table),
-            )
-            .when_matched_delete(predicate=f"s.`{DELETED}`")
-            .when_matched_update(columns, predicate=f"NOT s.`{DELETED}`")
-            .when_not_matched_insert(columns, predicate=f"NOT s.`{DELETED}`")
+        merge_batch(
+            table,
+            self.store,
+            self.path,
+            batch,
+            self.key,
+            pa.schema([*self.schema, *(pa.field(name, pa.string()) for name in new)]),
+            properties,
+            hooks_for_next_commit(table),
+            partition_by=self.layout.partition_by,
+            truncated=truncated,
+            new=new,
+            deleted=DELETED,
+            now_ms=now_ms,
         )
-        if truncated:
-            merge = merge.when_not_matched_by_source_delete()
-        merge.execute()
 
     def _discard(self, files: list[DataFile], append: bool = False) -> None:
         """Remove files no commit references: staged ones, or ``append``'s in the table's folder."""
