@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError
-from reclock.persist.layout import INTO_DATE, PARTITION_ERROR, into_dates, unplaceable
+from reclock.persist.layout import INTO_DATE, PARTITION_ERROR, into_dates, to_delta_type, unplaceable
 from reclock.persist.merge import UNSENT
 from reclock.persist.sink import DELETED, TRUNCATED
 from reclock.sources.base import error_batch
@@ -125,5 +125,5 @@ def output_rows(batch: pa.RecordBatch | pa.Table, into: np.ndarray | pa.Array, s
         if index < 0:
             raise ContractError(f"source batch lacks column {target.name!r} of its output")
         column = batch.column(index)
-        columns.append(column if column.type == target.type else column.cast(target.type))
+        columns.append(column if column.type == target.type else to_delta_type(column, target.type))
     return pa.Table.from_arrays(columns, schema=schema)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pytest
 
 from reclock.runtime.pipeline import Pipeline
+from tests.delta_log import lake_file_schema_mismatches
 from tests.integration.postgres_source.test_postgres_source import drop_slot, execute, make_source, output_table, query
 
 #: (column, type, edge values as SQL literals). A row ``r`` at version ``v`` holds, in each
@@ -289,6 +290,7 @@ def test_every_value_of_every_type_lands_as_the_server_holds_it_through_the_snap
     assert seen == {(r, v) for r in range(1, 2 * ROWS + 1) for v in range(VERSIONS + 1)}
     for lake_pipeline in ("u", "a"):
         assert output_table(tmp_path / "lake", lake_pipeline, "_errors").num_rows == 0
+    assert lake_file_schema_mismatches(tmp_path / "lake") == []  # snapshot, stream and MERGE files alike
     for source in (upsert, append):
         drop_slot(postgres, db, source.options.slot)
 
@@ -337,5 +339,6 @@ def test_an_update_leaving_a_toasted_value_unsent_under_the_default_identity_lea
     errors = output_table(tmp_path / "lake", "a", "_errors").to_pylist()
     assert {e["kind"] for e in errors} == {"unchanged_toast"} and len(errors) == 6 + 2 + 1
     assert all("column big" in e["message"] and "REPLICA IDENTITY FULL" in e["message"] for e in errors)
+    assert lake_file_schema_mismatches(tmp_path / "lake") == []
     for source in (upsert, append):
         drop_slot(postgres, db, source.options.slot)
