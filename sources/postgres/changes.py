@@ -281,11 +281,12 @@ class ChangeBatches:
                 *columns,
                 deleted,
                 pa.array(np.zeros(len(keep), np.bool_)),
+                pa.nulls(len(keep), pa.list_(pa.string())),  # these changes sent every value
             ]
             if wrong:
                 rows = pa.array([i for i in range(len(keep)) if i not in wrong], pa.int64())
                 arrays = [array.take(rows) for array in arrays]
-            names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED]
+            names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED, UNSENT]
             yield table.output, pa.RecordBatch.from_arrays(arrays, names=names)
         yield from self._flush(full_only=True)
 
@@ -346,10 +347,8 @@ class ChangeBatches:
             ops = pa.array(pending.ops, pa.string())
             deleted, truncated = pc.is_in(ops, pa.array(["d", "t"])), pc.equal(ops, "t")
             arrays = [*self._lineage(pending, keep), *columns, deleted, truncated]
-            names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED]
-            if unsent:
-                arrays.append(unsent_column(spec, rows, unsent))
-                names.append(UNSENT)
+            arrays.append(unsent_column(spec, rows, unsent))
+            names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED, UNSENT]
             if wrong:
                 take = pa.array(keep, pa.int64())
                 arrays[2:] = [array.take(take) for array in arrays[2:]]

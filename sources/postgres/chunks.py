@@ -12,8 +12,8 @@ So each text column is typed at once by the conversion the stream uses
 (:func:`~reclock.sources.postgres.columns.typed_texts`), in the capture task or else here, and
 the envelope's columns are arrays made whole:
 
-* ``upsert``: ``_partition``, ``_offset`` (the chunk's index), the table's columns, ``_deleted``
-  and ``_truncated`` (all false);
+* ``upsert``: ``_partition``, ``_offset`` (the chunk's index), the table's columns (``_unheld``
+  included), ``_deleted`` and ``_truncated`` (all false), ``_unsent`` (null);
 * ``append``: ``_partition``, ``_offset``, ``before`` (null), ``after`` (the row), ``op`` (``r``),
   ``commit_lsn`` (the slot's consistent point), ``xid`` (null) and ``seq`` (the row's place in
   the chunk);
@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
-from reclock.sources.postgres.changes import DELETED, TRUNCATED
+from reclock.sources.postgres.changes import DELETED, TRUNCATED, UNSENT
 from reclock.sources.postgres.columns import may_be_unheld, typed_texts, unheld_texts
 from reclock.timeline.frontier import OFFSET, PARTITION, UNKNOWN_FIELDS
 
@@ -116,8 +116,8 @@ def chunk_batches(
     ]
     if envelope == "upsert":
         falses = pa.array(np.zeros(kept, dtype=bool))
-        arrays = [*lineage, *typed, falses, falses]
-        names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED]
+        arrays = [*lineage, *typed, falses, falses, pa.nulls(kept, pa.list_(pa.string()))]
+        names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED, UNSENT]
     else:
         fields = list(spec.row_schema)
         befores = [pa.nulls(kept, f.type) for f in fields]

@@ -50,6 +50,8 @@ def unsent_names(spec: TableSpec, row: Row | None) -> list[str]:
 
 def unsent_column(spec: TableSpec, rows: Sequence[Row | None], at: set[int]) -> pa.Array:
     """The staged ``_unsent`` column: per row at ``at``, the columns it did not send; else null."""
+    if not at:
+        return pa.nulls(len(rows), pa.list_(pa.string()))
     return pa.array(
         [(unsent_names(spec, row) or None) if i in at else None for i, row in enumerate(rows)],
         pa.list_(pa.string()),
