@@ -41,7 +41,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields, new_fields_of
 from reclock.persist.faults import lake_io
-from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
+from reclock.persist.layout import OutputLayout, layout_schema, partition_groups
 from reclock.persist.merge import UNSENT, fold_unsent, merge_batch
 from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
@@ -231,8 +231,9 @@ class OutputSink:
 
     def _adopt_layout(self) -> None:
         """Check the table's partitioning against the layout; adopt the columns fields added (and
-        ``_rescued`` of an output that was once ``rescue``); give ``_rescued`` to an output that
-        became ``rescue`` (a column before any row needs it: nothing to tie to a batch)."""
+        ``_rescued`` of an output that was once ``rescue``); give a declared nullable string
+        column the table lacks (``_rescued`` of an output that became ``rescue``, ``_unheld``) to
+        the table (a column before any row needs it: nothing to tie to a batch)."""
         partitioned = tuple(self._table.metadata().partition_columns)
         if partitioned != self.layout.partition_by:
             raise ConfigError(
@@ -241,8 +242,11 @@ class OutputSink:
                 f"{list(self.layout.partition_by)}: a table's partitioning cannot change",
             )
         present = pa.schema(self._table.schema().to_arrow()).names
-        if RESCUED in self.schema.names and RESCUED not in present:  # an output switched to 'rescue'
-            self._table.alter.add_columns(Field(RESCUED, PrimitiveType("string"), nullable=True))
+        # a declared string column the table lacks: an output switched to 'rescue' (``_rescued``),
+        # a Postgres table's ``_unheld`` in an output made before it had one
+        missing = [f.name for f in self.schema if f.name not in present and pa.types.is_string(f.type) and f.nullable]
+        if missing:
+            self._table.alter.add_columns([Field(name, PrimitiveType("string"), nullable=True) for name in missing])
         added = [f for f in pa.schema(self._table.schema().to_arrow()) if f.name not in self.schema.names]
         if added:
             self.schema = pa.schema([*self.schema, *(pa.field(f.name, pa.string()) for f in added)])

@@ -22,12 +22,13 @@ import pytest
 from reclock.persist.lake import Lake
 from reclock.persist.layout import OutputLayout
 from reclock.persist.maintenance import optimize
+from reclock.persist.sink import OutputSink
 from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import Output
 from reclock.sources.files import FilesSource
 from reclock.sources.generator import GeneratorSource
 from reclock.testing import FakeClock, MemorySource
-from tests.delta_log import lake_file_schema_mismatches
+from tests.delta_log import lake_file_schema_mismatches, replay
 from tests.unit.test_schema_evolution import FieldsSource
 
 T1, T2, T3 = 1_000_000, 2_000_000, 3_000_000
@@ -103,3 +104,15 @@ def test_every_merged_output_file_holds_its_tables_types(tmp_path, envelope, mod
     source.append(0, "rows", [row(1, "again"), {**row(7, "new"), **({"color": "red"} if mode == "add" else {})}])
     Pipeline("merge", tmp_path / "lake", source, now=clock, layouts=layouts).step()
     assert lake_file_schema_mismatches(tmp_path / "lake") == []
+
+
+def test_an_output_made_before_a_declared_string_column_gets_it_when_its_sink_opens(tmp_path):
+    """A Postgres table's ``_unheld`` in an output made before it had one: the sink gives the table
+    the column (nullable, earlier rows null), so its files never hold a column the table lacks."""
+    old = pa.schema([("id", pa.int64()), ("n", pa.decimal128(10, 2)), ("_into_ts", pa.int64())])
+    OutputSink(tmp_path / "t", "app", old, envelope="upsert", key=("id",))
+    new = pa.schema(
+        [("id", pa.int64()), ("n", pa.decimal128(10, 2)), ("_unheld", pa.string()), ("_into_ts", pa.int64())]
+    )
+    OutputSink(tmp_path / "t", "app", new, envelope="upsert", key=("id",))
+    assert replay(tmp_path / "t").column_names == ["id", "n", "_into_ts", "_unheld"]
