@@ -43,6 +43,8 @@ __all__ = [
     "INTO_DATE",
     "RESCUED",
     "PARTITION_ERROR",
+    "delta_type",
+    "to_delta_type",
     "EvolutionMode",
     "OutputLayout",
     "into_dates",
@@ -162,8 +164,9 @@ def layouts_to_dict(layouts: Mapping[str, OutputLayout]) -> dict[str, dict[str, 
 
 
 def layout_schema(own: pa.Schema, layout: OutputLayout, *, lineage: bool = True) -> pa.Schema:
-    """An output table's schema: its own columns, ``_rescued``, ``_into_ts``, ``_into_date``, lineage."""
-    fields = list(own)
+    """An output table's schema: its own columns (each of its :func:`delta_type`), ``_rescued``,
+    ``_into_ts``, ``_into_date``, lineage."""
+    fields = [f.with_type(delta_type(f.type)) for f in own]
     if layout.schema_evolution == "rescue":
         fields.append(pa.field(RESCUED, pa.string()))
     fields.append(pa.field(INTO_TS, pa.int64(), nullable=False))
@@ -172,6 +175,43 @@ def layout_schema(own: pa.Schema, layout: OutputLayout, *, lineage: bool = True)
     if lineage:
         fields += [pa.field(PARTITION, pa.string(), nullable=False), pa.field(OFFSET, pa.int64(), nullable=False)]
     return pa.schema(fields)
+
+
+def delta_type(kind: pa.DataType) -> pa.DataType:
+    """The one Arrow type a Delta table holds a column of ``kind`` in, as every writer of it
+    writes it: timestamps in microseconds (Delta's only unit; with a zone, in UTC), strings,
+    binaries and lists in their plain form (not ``large_`` nor ``_view``), inside structs and
+    lists too. Tasks write their files in it, so a file written by delta-rs (schema evolution,
+    ``optimize``) and one written by a task hold a column in the same physical type."""
+    if pa.types.is_timestamp(kind):
+        return pa.timestamp("us", tz="UTC" if kind.tz else None)
+    if pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_struct(kind):
+        return pa.struct([kind.field(i).with_type(delta_type(kind.field(i).type)) for i in range(kind.num_fields)])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return pa.list_(kind.value_field.with_type(delta_type(kind.value_type)))
+    if pa.types.is_map(kind):
+        return pa.map_(delta_type(kind.key_type), delta_type(kind.item_type))
+    return kind
+
+
+def to_delta_type(column: pa.Array | pa.ChunkedArray, kind: pa.DataType) -> pa.Array | pa.ChunkedArray:
+    """``column`` cast to its table's ``kind``: a nanosecond timestamp is truncated to its
+    microsecond (Delta holds no finer), every other cast must lose nothing."""
+    return column.cast(kind, safe=not _finer_than_us(column.type))
+
+
+def _finer_than_us(kind: pa.DataType) -> bool:
+    if pa.types.is_timestamp(kind):
+        return kind.unit == "ns"
+    if pa.types.is_struct(kind):
+        return any(_finer_than_us(kind.field(i).type) for i in range(kind.num_fields))
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return _finer_than_us(kind.value_type)
+    return False
 
 
 def into_dates(into: np.ndarray | pa.Array) -> pa.Array:

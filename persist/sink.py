@@ -41,7 +41,8 @@ from deltalake.transaction import AddAction, RemoveAction
 from reclock.errors import ConfigError, FencedError
 from reclock.persist.evolution import commit_new_fields, new_fields_of
 from reclock.persist.faults import lake_io
-from reclock.persist.layout import RESCUED, OutputLayout, layout_schema, partition_groups
+from reclock.persist.layout import OutputLayout, layout_schema, partition_groups
+from reclock.persist.merge import UNSENT, fold_unsent, merge_batch
 from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
 from reclock.timeline.frontier import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
@@ -230,8 +231,9 @@ class OutputSink:
 
     def _adopt_layout(self) -> None:
         """Check the table's partitioning against the layout; adopt the columns fields added (and
-        ``_rescued`` of an output that was once ``rescue``); give ``_rescued`` to an output that
-        became ``rescue`` (a column before any row needs it: nothing to tie to a batch)."""
+        ``_rescued`` of an output that was once ``rescue``); give a declared nullable string
+        column the table lacks (``_rescued`` of an output that became ``rescue``, ``_unheld``) to
+        the table (a column before any row needs it: nothing to tie to a batch)."""
         partitioned = tuple(self._table.metadata().partition_columns)
         if partitioned != self.layout.partition_by:
             raise ConfigError(
@@ -240,8 +242,11 @@ class OutputSink:
                 f"{list(self.layout.partition_by)}: a table's partitioning cannot change",
             )
         present = pa.schema(self._table.schema().to_arrow()).names
-        if RESCUED in self.schema.names and RESCUED not in present:  # an output switched to 'rescue'
-            self._table.alter.add_columns(Field(RESCUED, PrimitiveType("string"), nullable=True))
+        # a declared string column the table lacks: an output switched to 'rescue' (``_rescued``),
+        # a Postgres table's ``_unheld`` in an output made before it had one
+        missing = [f.name for f in self.schema if f.name not in present and pa.types.is_string(f.type) and f.nullable]
+        if missing:
+            self._table.alter.add_columns([Field(name, PrimitiveType("string"), nullable=True) for name in missing])
         added = [f for f in pa.schema(self._table.schema().to_arrow()) if f.name not in self.schema.names]
         if added:
             self.schema = pa.schema([*self.schema, *(pa.field(f.name, pa.string()) for f in added)])
@@ -271,6 +276,7 @@ class OutputSink:
                 *self.schema,
                 pa.field(DELETED, pa.bool_(), nullable=False),
                 pa.field(TRUNCATED, pa.bool_(), nullable=False),
+                pa.field(UNSENT, pa.list_(pa.string())),
             ]
         )
 
@@ -376,19 +382,9 @@ class OutputSink:
         post-commit step (a checkpoint) failed, and the retry's label check tells which.
         """
         if self.staging is not None and files and not append:
-            held = table.version()
             new = new_fields_of(files)
-            self._merge(table, self.staging, files, properties, new)
-            if table.version() == held:
-                # A MERGE that changes nothing (deletes of absent keys) commits nothing: no label.
-                table.create_write_transaction(
-                    [],
-                    mode="append",
-                    schema=table.schema(),
-                    commit_properties=properties,
-                    post_commithook_properties=hooks_for_next_commit(table),
-                )
-            elif new:
+            self._merge(table, self.staging, files, properties, new, now_ms)
+            if new:
                 self.schema = pa.schema([*self.schema, *(pa.field(name, pa.string()) for name in new)])
         elif any(f.new_fields for f in files):
             self.schema = commit_new_fields(table, self.path, files, self.schema, self.layout, properties, self.store)
@@ -413,11 +409,13 @@ class OutputSink:
         files: list[DataFile],
         properties: CommitProperties,
         new: list[str],
+        now_ms: int,
     ) -> None:
         """One MERGE of the latest staged record per key (``files``, in ``staging``), on the snapshot
-        the label was read from. Fields the records bring (``new``, under ``add``) become nullable
-        string columns in that same commit (delta-rs's MERGE with ``merge_schema``): rows the MERGE
-        does not write read them as null.
+        the label was read from, written and committed with the label by
+        :func:`~reclock.persist.merge.merge_batch`. Fields the records bring (``new``, under
+        ``add``) become nullable string columns in that same commit: rows the MERGE does not
+        write read them as null.
 
         A TRUNCATE record (``_truncated``) empties the table at its place in the batch's order: the
         records before the last one are dropped, and the MERGE also deletes every row of the
@@ -434,28 +432,25 @@ class OutputSink:
         truncated = len(truncates) > 0
         if truncated:
             order = order.slice(truncates[-1].as_py() + 1)
+        order = fold_unsent(order, self.key, DELETED)
         order = order.append_column("__rank", pa.array(range(order.num_rows), pa.int64()))
         latest = order.group_by(list(self.key)).aggregate([("__rank", "max")]).column("__rank_max")
         batch = order.take(latest).drop_columns(["__order", "__rank"])
-        columns = {name: f"s.`{name}`" for name in [*self.schema.names, *new]}
-        on = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self.key)
-        merge = (
-            table.merge(
-                batch,
-                on,
-                source_alias="s",
-                target_alias="t",
-                merge_schema=bool(new),
-                commit_properties=properties,
-                post_commithook_properties=hooks_for_next_commit(table),
-            )
-            .when_matched_delete(predicate=f"s.`{DELETED}`")
-            .when_matched_update(columns, predicate=f"NOT s.`{DELETED}`")
-            .when_not_matched_insert(columns, predicate=f"NOT s.`{DELETED}`")
+        merge_batch(
+            table,
+            self.store,
+            self.path,
+            batch,
+            self.key,
+            pa.schema([*self.schema, *(pa.field(name, pa.string()) for name in new)]),
+            properties,
+            hooks_for_next_commit(table),
+            partition_by=self.layout.partition_by,
+            truncated=truncated,
+            new=new,
+            deleted=DELETED,
+            now_ms=now_ms,
         )
-        if truncated:
-            merge = merge.when_not_matched_by_source_delete()
-        merge.execute()
 
     def _discard(self, files: list[DataFile], append: bool = False) -> None:
         """Remove files no commit references: staged ones, or ``append``'s in the table's folder."""

@@ -101,6 +101,10 @@ class WindowTable:
     def commit(self, rows: pa.Table, upper: IntoTime, *, planned_upper: IntoTime) -> bool:
         """Add ``rows`` (every window ending in ``(planned_upper, upper]``) in one commit labelled
         ``upper - 1``; ``False`` if that label is in already (a replay), nothing written twice."""
+        schema = self._sink.schema
+        if rows.num_rows and rows.schema != schema and set(rows.column_names) == set(schema.names):
+            # the table's types: a finer window's min of a timestamp is in microseconds there
+            rows = rows.select(schema.names).cast(schema)
         files = [write_data_file(self._sink.path, self.name, rows, self._store)] if rows.num_rows else []
         return self._sink.commit(files, upper - 1, planned_upper=planned_upper)
 

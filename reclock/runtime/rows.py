@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError
-from reclock.persist.layout import INTO_DATE, PARTITION_ERROR, into_dates, unplaceable
+from reclock.persist.layout import INTO_DATE, PARTITION_ERROR, into_dates, to_delta_type, unplaceable
+from reclock.persist.merge import UNSENT
 from reclock.persist.sink import DELETED, TRUNCATED
 from reclock.sources.base import error_batch
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
@@ -22,14 +23,17 @@ __all__ = ["output_rows", "split_null_keys", "split_unplaceable", "unwrap"]
 
 
 def unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
-    """Give upsert and debezium batches the row columns plus ``_deleted`` and ``_truncated`` (false
-    unless the source marks a TRUNCATE); append passes through."""
+    """Give upsert and debezium batches the row columns plus ``_deleted``, ``_truncated`` (false
+    unless the source marks a TRUNCATE) and ``_unsent`` (null unless the source names columns a
+    record did not send, :data:`~reclock.persist.merge.UNSENT`); append passes through."""
     if envelope == "append":
         return batch
     batch = _deletes(batch, envelope, key)
-    if batch.schema.get_field_index(TRUNCATED) >= 0:
-        return batch
-    return batch.append_column(TRUNCATED, pa.array(np.zeros(batch.num_rows, dtype=bool)))
+    if batch.schema.get_field_index(TRUNCATED) < 0:
+        batch = batch.append_column(TRUNCATED, pa.array(np.zeros(batch.num_rows, dtype=bool)))
+    if batch.schema.get_field_index(UNSENT) < 0:
+        batch = batch.append_column(UNSENT, pa.nulls(batch.num_rows, pa.list_(pa.string())))
+    return batch
 
 
 def _deletes(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
@@ -121,5 +125,5 @@ def output_rows(batch: pa.RecordBatch | pa.Table, into: np.ndarray | pa.Array, s
         if index < 0:
             raise ContractError(f"source batch lacks column {target.name!r} of its output")
         column = batch.column(index)
-        columns.append(column if column.type == target.type else column.cast(target.type))
+        columns.append(column if column.type == target.type else to_delta_type(column, target.type))
     return pa.Table.from_arrays(columns, schema=schema)

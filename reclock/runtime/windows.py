@@ -35,6 +35,7 @@ from reclock.errors import ConfigError
 __all__ = [
     "AGGREGATES",
     "KINDS",
+    "MAX_LENGTH_MS",
     "WINDOW_END",
     "WINDOW_START",
     "Aggregate",
@@ -59,6 +60,11 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "count": ("size",),
 }
 _SIZES = ("size_ms", "slide_ms", "step_ms", "max_size_ms", "gap_ms", "size")
+
+#: The longest length a window may have, in milliseconds: 1,000 years of 365.25 days. Span ends,
+#: a session's ``last + gap`` and the labels a window table reaches (up to the upper plus twice a
+#: length) are then far inside a 64-bit into time, so no arithmetic on them can wrap.
+MAX_LENGTH_MS = 1_000 * 36_525 * 86_400_000 // 100
 
 _CALL = re.compile(r"^\s*(\w+)\s*\(\s*(\*|[A-Za-z_][A-Za-z0-9_]*)\s*\)\s*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
@@ -155,6 +161,12 @@ class Window:
                     f"{where}.{key}", f"missing (a {self.kind} window needs {', '.join(KINDS[self.kind])})"
                 )
             _whole(f"{where}.{key}", value)
+            if key.endswith("_ms") and value > MAX_LENGTH_MS:
+                raise ConfigError(
+                    f"{where}.{key}",
+                    f"must be at most {MAX_LENGTH_MS} (1,000 years), got {value}: longer windows would overflow "
+                    "the 64-bit into times of their ends",
+                )
         _whole(f"{where}.max_groups", self.max_groups)
         if self.kind == "hop" and self.slide_ms > self.size_ms:  # type: ignore[operator]
             raise ConfigError(f"{where}.slide_ms", f"must be at most size_ms={self.size_ms} (rows between windows)")
@@ -184,6 +196,8 @@ class Window:
             )
         if self.allowed_lateness_ms < 0 or (self.allowed_lateness_ms and self.time_column is None):
             raise ConfigError(f"{where}.allowed_lateness_ms", "must be >= 0, and needs time_column")
+        if self.allowed_lateness_ms > MAX_LENGTH_MS:
+            raise ConfigError(f"{where}.allowed_lateness_ms", f"must be at most {MAX_LENGTH_MS} (1,000 years)")
         object.__setattr__(self, "group_by", tuple(self.group_by))
         if not all(isinstance(c, str) for c in self.group_by) or len(set(self.group_by)) < len(self.group_by):
             raise ConfigError(f"{where}.group_by", f"must be distinct column names, got {list(self.group_by)!r}")
@@ -390,6 +404,14 @@ def _check_tilt(window: Window, earlier: Mapping[str, tuple[Window, Any]]) -> An
     lengths = [getattr(window, key) for key in KINDS[window.kind]]
     if any(n % finer.size_ms for n in lengths):
         raise ConfigError(where, f"the window's sizes must be multiples of {finer.name!r}'s size_ms={finer.size_ms}")
+    means = {a.name for a in finer.parsed if a.function == "avg"}
+    for agg in window.parsed:
+        if agg.function == "avg" and agg.column in means:
+            raise ConfigError(
+                f"windows.{window.name}.aggregates.{agg.name}",
+                f"{agg} over {finer.name!r}'s avg would be a mean of means, not the mean of the rows: keep a sum "
+                f"and a count in {finer.name!r} and divide",
+            )
     if window.ordered and tuple(window.group_by) != tuple(finer.group_by):
         raise ConfigError(
             where, f"first/last over {finer.name!r} need its group_by {list(finer.group_by)} (one row per window)"

@@ -128,6 +128,25 @@ class JsonValidator:
                 slow[fast[~proven]] = True
         return [fault for i in np.flatnonzero(slow).tolist() if (fault := self._one(i, payloads[i])) is not None]
 
+    def mismatched(self, payloads: Sequence[bytes], faults: Sequence[RecordFault]) -> list[RecordFault]:
+        """``faults`` (of ``payloads`` the decode refused), each one whose payload is JSON that
+        does not validate against the writer schema made a ``schema_mismatch`` fault instead: a
+        value of the wrong type fails the typed parse of its columns before any validation, and
+        must still be reported as the writer schema's rule it breaks. A payload that is no JSON,
+        or that validates (its writer allows what the output's columns cannot hold), keeps its
+        ``decode`` fault."""
+        out: list[RecordFault] = []
+        for fault in faults:
+            index = fault[0]
+            try:
+                json.loads(payloads[index])
+            except ValueError:
+                out.append(fault)
+                continue
+            mismatch = self._one(index, payloads[index])
+            out.append(mismatch if mismatch is not None and mismatch[1] == SCHEMA_MISMATCH else fault)
+        return out
+
     def _one(self, index: int, payload: bytes) -> RecordFault | None:
         from jsonschema.exceptions import ValidationError, best_match  # type: ignore[import-untyped]
 
@@ -141,7 +160,8 @@ class JsonValidator:
         if error is None:
             return None
         where = error.json_path if error.path else "$"
-        message = f"does not match its writer schema (id {self.schema_id}) at {where}: {error.message}"
+        rule = f"rule {error.validator}"
+        message = f"does not match its writer schema (id {self.schema_id}) at {where}, {rule}: {error.message}"
         return (index, SCHEMA_MISMATCH, clip_message(message))
 
 

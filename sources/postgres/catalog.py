@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import Output
-from reclock.sources.postgres.columns import arrow_type
+from reclock.sources.postgres.columns import UNHELD, arrow_type, may_be_unheld
 from reclock.sources.postgres.config import TableName, output_name
 from reclock.sources.postgres.state import StateFolder
 
@@ -69,8 +69,16 @@ class TableSpec:
         return output_name(self.table)
 
     @property
+    def unheld(self) -> bool:
+        """Whether the table's rows carry :data:`~reclock.sources.postgres.columns.UNHELD`: a
+        column of it can meet a value its Arrow type cannot hold (``NaN``, ``infinity``)."""
+        return any(may_be_unheld(c.arrow) for c in self.columns)
+
+    @property
     def row_schema(self) -> pa.Schema:
-        return pa.schema([pa.field(c.name, c.arrow) for c in self.columns])
+        """A row of the table as its output holds it: its columns, then ``_unheld`` if it may."""
+        fields = [pa.field(c.name, c.arrow) for c in self.columns]
+        return pa.schema([*fields, pa.field(UNHELD, pa.string())] if self.unheld else fields)
 
     def as_output(self, envelope: str) -> Output:
         """``upsert``: the table's own columns, keyed; ``append``: one change row per change."""

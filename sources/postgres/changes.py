@@ -16,10 +16,13 @@ same order, without a Python object per value.
   before the transaction's later changes of the table: the sink's MERGE then empties the output
   at that point, in the batch's one commit. A TOASTed value the update did not change
   (``u``) is taken from the old row (replica identity full) or from the key's earlier change in
-  the same transaction; when neither has it the change cannot be mirrored and goes to ``_errors``
-  saying what to run.
+  the same transaction; when neither has it the change lands with that column null and named in
+  ``_unsent``, and the sink's MERGE keeps the value the output holds for it (an earlier record's
+  of the batch, or the table's), so the default replica identity mirrors the table too.
 * ``append`` outputs get one row per change: ``before``, ``after``, ``op``, ``commit_lsn``,
-  ``xid`` and ``seq`` (its order in the transaction).
+  ``xid`` and ``seq`` (its order in the transaction). An update whose TOASTed value was not sent
+  and is not in its old row has no earlier row here to take it from: it goes to ``_errors``
+  (``unchanged_toast``), naming the column and the statement to run.
 
 **Columns added** to a table after its output was made come after the output's columns in a
 change's rows, named by the change (``added``). For an output that evolves its schema (the
@@ -29,7 +32,11 @@ new row's, or the old row's for a delete), and the output's ``schema_evolution``
 outputs ignore them.
 
 Values are typed per column in one go (:func:`~reclock.sources.postgres.columns.typed_column`);
-a change with a value its column's type cannot hold goes to ``_errors`` with its coordinates.
+a value its column's type cannot hold (``NaN`` in a decimal, an ``infinity`` timestamp) is null
+there and kept as text in the row's ``_unheld`` (:data:`~reclock.sources.postgres.columns.UNHELD`),
+so the change still lands whole. Only a value of a column that has no such place (a type whose
+every value its Arrow type holds, should the server ever send another) sends the change to
+``_errors``, naming the table, the column and the value.
 """
 
 from __future__ import annotations
@@ -47,15 +54,24 @@ import pyarrow.compute as pc
 
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
-from reclock.sources.postgres.columns import typed_column
 from reclock.sources.postgres.pgoutput import UNCHANGED
+from reclock.sources.postgres.values import (
+    cannot_hold,
+    toast_message,
+    typed_rows,
+    unsent_column,
+    unsent_names,
+    with_unchanged,
+)
 from reclock.timeline.frontier import OFFSET, PARTITION, UNKNOWN_FIELDS
 
-__all__ = ["DELETED", "TRUNCATED", "Change", "ChangeBatches", "ChangeColumns", "TableColumns"]
+__all__ = ["DELETED", "TRUNCATED", "UNSENT", "Change", "ChangeBatches", "ChangeColumns", "TableColumns"]
 
 DELETED = "_deleted"
 #: The sink's staged column that marks a TRUNCATE record of an upsert output.
 TRUNCATED = "_truncated"
+#: The sink's staged column naming the columns an upsert record did not send (unchanged TOAST).
+UNSENT = "_unsent"
 
 #: The key of a transaction's TRUNCATE of a table among its changes by key (no real key is empty).
 _TRUNCATE: tuple = ()
@@ -242,11 +258,7 @@ class ChangeBatches:
             texts = [column.take(take) for column in table.columns]
             txn = changes.txn[table.at[keep]]
             kinds = table.kinds[keep]
-            columns, wrong = [], set()
-            for values, column in zip(texts, spec.columns, strict=False):  # added columns come after
-                array, bad = typed_column(values, column.arrow)
-                columns.append(array)
-                wrong.update(bad)
+            columns, wrong = typed_rows(spec, texts[: len(spec.columns)], len(keep))  # added columns come after
             offsets = changes.offsets[txn]
             if wrong:
                 seqs = seq_of_every[np.searchsorted(every, table.at[keep])]
@@ -260,7 +272,7 @@ class ChangeBatches:
                         changes.xids[int(txn[i])],
                         int(seqs[i]),
                         "decode",
-                        f"table {spec.table.qualified}: a value its column cannot hold",
+                        cannot_hold(spec, *wrong[i]),
                     )
             deleted = pa.array(kinds == _DELETE_KIND)
             arrays = [
@@ -269,11 +281,12 @@ class ChangeBatches:
                 *columns,
                 deleted,
                 pa.array(np.zeros(len(keep), np.bool_)),
+                pa.nulls(len(keep), pa.list_(pa.string())),  # these changes sent every value
             ]
             if wrong:
                 rows = pa.array([i for i in range(len(keep)) if i not in wrong], pa.int64())
                 arrays = [array.take(rows) for array in arrays]
-            names = [PARTITION, OFFSET, *(c.name for c in spec.columns), DELETED, TRUNCATED]
+            names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED, UNSENT]
             yield table.output, pa.RecordBatch.from_arrays(arrays, names=names)
         yield from self._flush(full_only=True)
 
@@ -325,30 +338,33 @@ class ChangeBatches:
         n = len(pending)
         if self.envelope == "upsert":
             rows = [new if new is not None else old for new, old in zip(pending.news, pending.olds, strict=True)]
-            bad = _with_unchanged(rows)
-            for i in sorted(bad):
-                self._reject(spec, pending, i, "unchanged_toast", _toast_message(spec))
-            columns, wrong = self._typed(spec, [None if i in bad else r for i, r in enumerate(rows)] if bad else rows)
-            self._reject_values(spec, pending, wrong - bad)
-            dropped = bad | wrong
-            keep = [i for i in range(n) if i not in dropped]
+            # a value the server did not send (unchanged TOAST) lands null, named in _unsent: the
+            # sink's MERGE keeps the output's value of it (an earlier record's, or the table's)
+            unsent = with_unchanged(rows)
+            columns, wrong = self._typed(spec, rows)
+            self._reject_values(spec, pending, wrong)
+            keep = [i for i in range(n) if i not in wrong]
             ops = pa.array(pending.ops, pa.string())
             deleted, truncated = pc.is_in(ops, pa.array(["d", "t"])), pc.equal(ops, "t")
             arrays = [*self._lineage(pending, keep), *columns, deleted, truncated]
-            if dropped:
+            arrays.append(unsent_column(spec, rows, unsent))
+            names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED, UNSENT]
+            if wrong:
                 take = pa.array(keep, pa.int64())
                 arrays[2:] = [array.take(take) for array in arrays[2:]]
-            names = [PARTITION, OFFSET, *(c.name for c in spec.columns), DELETED, TRUNCATED]
             if output in self.unknown:
                 arrays.append(_unknown(spec, rows, pending.addeds, keep))
                 names.append(UNKNOWN_FIELDS)
             yield output, pa.RecordBatch.from_arrays(arrays, names=names)
             return
+        unsent = with_unchanged(pending.news)
+        for i in sorted(unsent):  # an append output has no earlier row to keep a value from
+            self._reject(spec, pending, i, "unchanged_toast", toast_message(spec, unsent_names(spec, pending.news[i])))
         befores, wrong_before = self._typed(spec, pending.olds)
         afters, wrong_after = self._typed(spec, pending.news)
-        wrong = wrong_before | wrong_after
-        self._reject_values(spec, pending, wrong)
-        keep = [i for i in range(n) if i not in wrong]
+        wrong = {**wrong_after, **wrong_before}
+        self._reject_values(spec, pending, {i: w for i, w in wrong.items() if i not in unsent})
+        keep = [i for i in range(n) if i not in wrong and i not in unsent]
         take = pa.array(keep, pa.int64())
         row_type = pa.struct(list(spec.row_schema))
         arrays = [
@@ -371,27 +387,21 @@ class ChangeBatches:
         offsets = pending.offsets if len(keep) == len(pending) else [pending.offsets[i] for i in keep]
         return [pa.array([self.partition] * len(keep), pa.string()), pa.array(offsets, pa.int64())]
 
-    def _typed(self, spec: TableSpec, rows: Sequence[Row | None]) -> tuple[list[pa.Array], set[int]]:
-        """Per column, the typed values of ``rows`` (a missing row or an unsent value is null),
-        and the positions of rows with a value its column cannot hold."""
+    def _typed(self, spec: TableSpec, rows: Sequence[Row | None]) -> tuple[list[pa.Array], dict[int, tuple[str, Any]]]:
+        """Per column of the output's rows (``_unheld`` included), the typed values of ``rows``
+        (a missing row or an unsent value is null), and the rows with a value no column holds."""
         width = len(spec.columns)
         if None in rows:
             missing = (None,) * width
             rows = [missing if row is None else row for row in rows]
         # rows may be wider than the output (columns added), never narrower
         texts: list[Sequence[Any]] = list(zip(*rows, strict=False))[:width] if rows else [()] * width
-        columns, wrong = [], set()
-        for values, column in zip(texts, spec.columns, strict=True):
-            if UNCHANGED in values:
-                values = [None if v is UNCHANGED else v for v in values]
-            array, bad = typed_column(values, column.arrow)
-            columns.append(array)
-            wrong.update(bad)
-        return columns, wrong
+        texts = [[None if v is UNCHANGED else v for v in values] if UNCHANGED in values else values for values in texts]
+        return typed_rows(spec, texts, len(rows))
 
-    def _reject_values(self, spec: TableSpec, pending: _Pending, wrong: set[int]) -> None:
+    def _reject_values(self, spec: TableSpec, pending: _Pending, wrong: dict[int, tuple[str, Any]]) -> None:
         for i in sorted(wrong):
-            self._reject(spec, pending, i, "decode", f"table {spec.table.qualified}: a value its column cannot hold")
+            self._reject(spec, pending, i, "decode", cannot_hold(spec, *wrong[i]))
 
     def _reject(self, spec: TableSpec, pending: _Pending, i: int, kind: str, message: str) -> None:
         change = Change(pending.ops[i], pending.olds[i], pending.news[i])
@@ -419,16 +429,6 @@ def _key_of(spec: TableSpec) -> Callable[[Row], Any]:
     if not at:
         return lambda row: ()
     return operator.itemgetter(*at)
-
-
-def _with_unchanged(rows: Sequence[Row | None]) -> set[int]:
-    """Positions of the rows holding an unsent TOAST value (checked a column at a time)."""
-    present = [row for row in rows if row is not None]
-    if not present:
-        return set()
-    if len(set(map(len, present))) == 1 and not any(UNCHANGED in values for values in zip(*present, strict=True)):
-        return set()
-    return {i for i, row in enumerate(rows) if row is not None and UNCHANGED in row}
 
 
 def _filled(new: Row, old: Row | None, before: Change | None) -> Row:
@@ -471,10 +471,3 @@ def _jsonable(row: Row | None) -> list[str | None] | None:
     if row is None:
         return None
     return ["<unchanged toast>" if v is UNCHANGED else v for v in row]
-
-
-def _toast_message(spec: TableSpec) -> str:
-    return (
-        f"table {spec.table.qualified}: an update left a TOASTed value unchanged and the server did not send it; "
-        f"run ALTER TABLE {spec.table.quoted} REPLICA IDENTITY FULL so updates carry it"
-    )

@@ -12,15 +12,16 @@ So each text column is typed at once by the conversion the stream uses
 (:func:`~reclock.sources.postgres.columns.typed_texts`), in the capture task or else here, and
 the envelope's columns are arrays made whole:
 
-* ``upsert``: ``_partition``, ``_offset`` (the chunk's index), the table's columns, ``_deleted``
-  and ``_truncated`` (all false);
+* ``upsert``: ``_partition``, ``_offset`` (the chunk's index), the table's columns (``_unheld``
+  included), ``_deleted`` and ``_truncated`` (all false), ``_unsent`` (null);
 * ``append``: ``_partition``, ``_offset``, ``before`` (null), ``after`` (the row), ``op`` (``r``),
   ``commit_lsn`` (the slot's consistent point), ``xid`` (null) and ``seq`` (the row's place in
   the chunk);
 * ``_unknown_fields`` (null) for an output that keeps unknown fields.
 
-A row with a value its column's type cannot hold goes to ``_errors`` at the chunk's offset with
-the same kind, message and raw JSON as the stream's path gives it (or raises
+A value its column's type cannot hold is null there and kept as text in the row's ``_unheld``,
+as the stream's path keeps it; a row with a value no column holds goes to ``_errors`` at the
+chunk's offset with the same kind, message and raw JSON as the stream's path gives it (or raises
 :class:`~reclock.sources.base.RecordError` under ``fail``); the chunk's other rows land.
 """
 
@@ -34,8 +35,8 @@ import pyarrow as pa
 
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
-from reclock.sources.postgres.changes import DELETED, TRUNCATED
-from reclock.sources.postgres.columns import typed_texts
+from reclock.sources.postgres.changes import DELETED, TRUNCATED, UNSENT
+from reclock.sources.postgres.columns import may_be_unheld, typed_texts, unheld_texts
 from reclock.timeline.frontier import OFFSET, PARTITION, UNKNOWN_FIELDS
 
 __all__ = ["chunk_batches", "typed_chunk", "whole"]
@@ -83,16 +84,24 @@ def chunk_batches(
     n = rows.num_rows
     texts = [whole(rows.column(j)) for j in range(len(spec.columns))]
     typed: list[pa.Array] = []
-    wrong: set[int] = set()
+    wrong: dict[int, tuple[str, str]] = {}
     if all(array.type == column.arrow for array, column in zip(texts, spec.columns, strict=True)):
-        typed = texts  # typed by the capture, which types a chunk only if every value types
+        typed = [*texts]  # typed by the capture, which types a chunk only if every value types
+        if spec.unheld:
+            typed.append(pa.nulls(n, pa.string()))
     else:  # texts (some columns typed by the parser, whose text forms cast back as they were)
         texts = [raw.cast(pa.string()) for raw in texts]
+        unheld: list[list[int]] = []
         for column, raw in zip(spec.columns, texts, strict=True):
             array, bad = typed_texts(raw, column.arrow)
             typed.append(array)
-            wrong.update(bad)
-    errors = _rejected(spec, texts, sorted(wrong), partition, offset, fail)
+            rescued = spec.unheld and may_be_unheld(column.arrow)
+            unheld.append(bad if rescued else [])
+            for i in [] if rescued else bad:
+                wrong.setdefault(i, (column.name, raw[i].as_py()))
+        if spec.unheld:
+            typed.append(unheld_texts([c.name for c in spec.columns], texts, unheld, n))
+    errors = _rejected(spec, texts, wrong, partition, offset, fail)
     keep = None
     if wrong:
         mask = np.ones(n, dtype=bool)
@@ -107,11 +116,11 @@ def chunk_batches(
     ]
     if envelope == "upsert":
         falses = pa.array(np.zeros(kept, dtype=bool))
-        arrays = [*lineage, *typed, falses, falses]
-        names = [PARTITION, OFFSET, *(c.name for c in spec.columns), DELETED, TRUNCATED]
+        arrays = [*lineage, *typed, falses, falses, pa.nulls(kept, pa.list_(pa.string()))]
+        names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED, UNSENT]
     else:
         fields = list(spec.row_schema)
-        befores = [typed_texts(pa.nulls(kept, pa.string()), c.arrow)[0] for c in spec.columns]
+        befores = [pa.nulls(kept, f.type) for f in fields]
         arrays = [
             *lineage,
             pa.StructArray.from_arrays(befores, fields=fields, mask=pa.array(np.ones(kept, dtype=bool))),
@@ -131,16 +140,20 @@ def chunk_batches(
 
 
 def _rejected(
-    spec: TableSpec, texts: list[pa.Array], wrong: list[int], partition: str, offset: int, fail: bool
+    spec: TableSpec, texts: list[pa.Array], wrong: dict[int, tuple[str, str]], partition: str, offset: int, fail: bool
 ) -> pa.RecordBatch | None:
-    """The ``_errors`` rows of the chunk's rows at ``wrong``, as the stream's path words them."""
+    """The ``_errors`` rows of the chunk's rows ``wrong`` names (with the column and the value no
+    column holds), as the stream's path words them."""
     if not wrong:
         return None
-    message = f"table {spec.table.qualified}: a value its column cannot hold"
+    messages = [
+        f"table {spec.table.qualified}: column {column} cannot hold the value {text!r}"
+        for column, text in (wrong[i] for i in sorted(wrong))
+    ]
     if fail:
-        raise RecordError(f"{message} (commit LSN {offset})")
+        raise RecordError(f"{messages[0]} (commit LSN {offset})")
     raws = []
-    for i in wrong:
+    for i in sorted(wrong):
         raw = {
             "table": spec.table.qualified,
             "op": READ,
@@ -151,4 +164,4 @@ def _rejected(
         }
         raws.append(json.dumps(raw).encode())
     n = len(wrong)
-    return error_batch(partition, [offset] * n, ["decode"] * n, [message] * n, raws)
+    return error_batch(partition, [offset] * n, ["decode"] * n, messages, raws)

@@ -121,9 +121,9 @@ def read_rows(log: DeltaLog, columns: list[str] | None = None) -> pa.Table | Non
 
 
 def _without_views(table: pa.Table) -> pa.Table:
-    """``table`` with its view columns as plain ones: delta-rs writes its files (a MERGE's) with
-    ``string_view`` and ``binary_view``, tasks with ``string`` and ``binary``, and one table may
-    hold both kinds of file (a Delta reader reads them all by the table's schema)."""
+    """``table`` with its view columns as plain ones: delta-rs's MERGE writes ``string_view`` and
+    ``binary_view``, and a table one wrote (reclock's outputs before reclock wrote its MERGEs
+    itself) may hold both kinds of file (a Delta reader reads them all by the table's schema)."""
     plain = pa.schema([f.with_type(_plain(f.type)) for f in table.schema], metadata=table.schema.metadata)
     return table if plain == table.schema else table.cast(plain)
 

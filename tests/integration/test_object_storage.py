@@ -395,3 +395,29 @@ def test_a_status_read_while_its_job_rewrites_it_is_one_version_whole(s3_server)
         assert read == [longer]
     finally:
         proxy.close()
+
+
+def test_an_upsert_output_in_an_s3_lake_merges_through_reclocks_writer(s3_server, tmp_path):
+    """The MERGE reclock writes (issue 40) on the S3 server: a batch's updates, inserts and deletes
+    of keys land once; every file holds the table's types; read back by mirroring the bucket."""
+    from reclock.runtime.pipeline import Pipeline
+    from reclock.sources.base import Output
+    from reclock.testing import FakeClock, MemorySource
+    from tests.delta_log import lake_file_schema_mismatches
+
+    bucket = s3_server.bucket()
+    lake = Lake.at(f"s3://{bucket}/lake", s3_server.storage_options)
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string())])
+    source = MemorySource({"kv": Output("kv", schema, ("id",), "upsert")})
+    clock = FakeClock(1_000)
+    source.append(0, "kv", [{"id": i, "name": f"n{i}"} for i in range(6)])
+    Pipeline("p", lake, source, now=clock).step()
+    clock.ms = 2_000
+    source.append(0, "kv", [{"id": 1, "name": "again"}, {"id": 2, "name": None}, {"id": 9, "name": "new"}])
+    Pipeline("p", lake, source, now=clock).step()  # a record of nulls only deletes its key
+    table = mirror(s3_server, bucket, "lake/p/outputs/kv", tmp_path / "kv")
+    rows = read_rows(DeltaLog(table).refresh())
+    assert rows is not None
+    got = {r["id"]: r["name"] for r in rows.to_pylist()}
+    assert got == {0: "n0", 1: "again", 3: "n3", 4: "n4", 5: "n5", 9: "new"}
+    assert lake_file_schema_mismatches(tmp_path / "kv") == []

@@ -41,9 +41,13 @@ class SnapshotSource(MemorySource, DistinctInserts):
 
 
 def _operations(lake, output: str = "kv") -> list[str]:
-    """The operation of each commit of ``output``, oldest first."""
+    """The operation of each commit of ``output``, oldest first: ``MERGE`` for reclock's MERGE
+    (a Delta ``WRITE`` whose custom metadata says ``reclock.commit = merge``)."""
     history = DeltaTable(str(Lake.at(lake).output_path("p", output))).history()
-    return [h["operation"] for h in sorted(history, key=lambda h: h["version"])]
+    return [
+        "MERGE" if h.get("reclock.commit") == "merge" else h["operation"]
+        for h in sorted(history, key=lambda h: h["version"])
+    ]
 
 
 def _rows(lake, output: str = "kv") -> dict[int, str]:

@@ -108,7 +108,11 @@ def test_a_landing_ahead_is_read_once_bound_at_its_reserved_time_and_committed_a
     for output, rows in _expected(5_000).items():
         assert _rows(tmp_path, output) == rows
         table = _table(tmp_path, output)
-        writes = [h["operation"] for h in table.history() if h["operation"] in ("WRITE", "MERGE")]
+        writes = [
+            "MERGE" if h.get("reclock.commit") == "merge" else h["operation"]
+            for h in table.history()
+            if h["operation"] in ("WRITE", "MERGE")
+        ]
         assert writes == ["WRITE"]  # one commit, an append (the upsert output had no row: no MERGE)
         assert {Path(u).name for u in table.file_uris()} == _parquet_files(tmp_path, output)  # no other file
     # Streamed records after it land as any batch.

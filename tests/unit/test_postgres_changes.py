@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 from reclock.errors import ConfigError
 from reclock.sources.base import ERRORS
 from reclock.sources.postgres.catalog import ColumnSpec, TableSpec
-from reclock.sources.postgres.changes import DELETED, TRUNCATED, Change, ChangeBatches, ChangeColumns, TableColumns
+from reclock.sources.postgres.changes import (
+    DELETED,
+    TRUNCATED,
+    UNSENT,
+    Change,
+    ChangeBatches,
+    ChangeColumns,
+    TableColumns,
+)
 from reclock.sources.postgres.config import PostgresOptions, TableName, slot_name
 from reclock.sources.postgres.pgoutput import (
     UNCHANGED,
@@ -111,19 +119,32 @@ def test_a_transaction_leaves_one_row_per_key_the_last_one():
     assert {r["_offset"] for r in rows} == {500}
 
 
-def test_unsent_toast_comes_from_the_old_row_or_the_keys_earlier_change_else_errors():
-    changes = ChangeBatches([SPEC], "upsert", "wal")
+def test_unsent_toast_comes_from_the_old_row_or_the_keys_earlier_change_else_is_left_to_the_merge():
+    """An upsert record whose value neither the old row nor an earlier change has lands with it
+    null and named in ``_unsent`` (the sink's MERGE keeps the output's value); an append output
+    has no such value, and the change goes to ``_errors`` naming the column."""
     txn = [
         ("public_t", Change("c", None, ("1", "big", "1"))),
         ("public_t", Change("u", None, ("1", UNCHANGED, "2"))),  # from the insert before it
         ("public_t", Change("u", ("2", "old big", "0"), ("2", UNCHANGED, "3"))),  # replica identity full
     ]
+    later = [("public_t", Change("u", None, ("4", UNCHANGED, "5")))]
+    changes = ChangeBatches([SPEC], "upsert", "wal")
     out = list(changes.transaction(600, 600, 1, txn))
-    out += list(changes.transaction(700, 700, 2, [("public_t", Change("u", None, ("4", UNCHANGED, "5")))]))
+    out += list(changes.transaction(700, 700, 2, later))
     out += list(changes.finish())
-    assert [(r["id"], r["v"], r["n"]) for r in _rows(out, "public_t")] == [(1, "big", 2), (2, "old big", 3)]
+    rows = _rows(out, "public_t")
+    assert [(r["id"], r["v"], r["n"], r.get(UNSENT)) for r in rows] == [
+        (1, "big", 2, None),
+        (2, "old big", 3, None),
+        (4, None, 5, ["v"]),
+    ]
+    assert ERRORS not in {output for output, _ in out}
+    changes = ChangeBatches([SPEC], "append", "wal")
+    out = list(changes.transaction(700, 700, 2, later)) + list(changes.finish())
     errors = _rows(out, ERRORS)
     assert [(e["_offset"], e["kind"]) for e in errors] == [(700, "unchanged_toast")]
+    assert "column v unchanged" in errors[0]["message"]
     assert 'ALTER TABLE "public"."t" REPLICA IDENTITY FULL' in errors[0]["message"]
 
 

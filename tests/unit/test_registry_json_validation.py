@@ -37,7 +37,7 @@ def test_a_json_payload_that_does_not_validate_is_a_schema_mismatch_never_a_row(
         lax("jv", {"customer": "no id"}),  # required id missing: every column still decodes
         lax("jv", {"id": 2, "customer": None}),  # null is not a string
         strict("jv", {"id": 3, "note": "an extra key is allowed"}),
-        lax("jv", {"id": "4"}),  # the output cannot hold it: a decode fault, before validation
+        lax("jv", {"id": "4"}),  # a string where the writer says integer: its columns refuse it too
         lax("jv", {"id": 5, "tags": [1]}),  # an item of the wrong type, in a field the output lacks
     ]
     decoder = make_registry_decoder("json", {"id": "int64", "customer": "string"}, schema_registry=registry.url)
@@ -49,11 +49,30 @@ def test_a_json_payload_that_does_not_validate_is_a_schema_mismatch_never_a_row(
         assert {i: k for i, (k, _) in kinds.items()} == {
             1: "schema_mismatch",
             2: "schema_mismatch",
-            4: "decode",
+            4: "schema_mismatch",
             5: "schema_mismatch",
         }
         assert "'id' is a required property" in kinds[1][1] and "(id 1)" in kinds[1][1]
+        assert "rule required" in kinds[1][1]
         assert "$.customer" in kinds[2][1] and "$.tags[0]" in kinds[5][1]
+        assert "(id 1) at $.id, rule type: '4' is not of type 'integer'" in kinds[4][1], kinds[4][1]
+
+
+def test_a_value_of_another_type_than_its_writer_schema_says_is_a_schema_mismatch_with_id_path_and_rule(registry):
+    reg = client(registry.url)
+    lax = json_serializer(reg, JSON_V1, validate=False)
+    values = [lax("jt", {"id": "seven"}), lax("jt", {"id": 8}), b"\x00" + values_id(lax("jt", {"id": 9})) + b"{no json"]
+    decoded = make_registry_decoder("json", {"id": "int64"}, schema_registry=registry.url).decode(values)
+    assert decoded.good.tolist() == [1] and decoded.batch.column("id").to_pylist() == [8]
+    kinds = {i: (kind, message) for i, kind, message in decoded.errors}
+    assert kinds[0][0] == "schema_mismatch", kinds
+    assert "(id " in kinds[0][1] and "at $.id, rule type: 'seven' is not of type 'integer'" in kinds[0][1]
+    assert kinds[2][0] == "decode", kinds  # no JSON at all: nothing to validate
+
+
+def values_id(value: bytes) -> bytes:
+    """The 4-byte schema id of a framed value."""
+    return value[1:5]
 
 
 def test_a_clean_batch_is_validated_as_columns(registry, monkeypatch):

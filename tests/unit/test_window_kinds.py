@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from reclock.errors import ConfigError
 from reclock.job.config import parse_config
-from reclock.runtime.windows import Window, check_windows, parse_windows
+from reclock.runtime.windows import MAX_LENGTH_MS, Window, check_windows, parse_windows
 from reclock.sources.base import Output
 from reclock.testing import CrashAt, FakeClock, MemorySource
 from tests.unit.test_windows import AGGREGATES, SCHEMA, SCRIPT, STEPS, _aggregate, output_rows, run_windows, start
@@ -169,6 +169,35 @@ def test_a_tilt_frame_must_read_an_earlier_tumbling_window_that_tiles_it(second,
         check_windows([fine, second], OUTPUTS)
     with pytest.raises(ConfigError, match="give either the output"):
         Window("c", "bids", 3000, {"n": "sum(n)"}, from_window="f")
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"kind": "session", "gap_ms": 2**63 - 1}, "w.gap_ms"),
+        ({"size_ms": 2**63 - 1}, "w.size_ms"),
+        ({"kind": "hop", "size_ms": 2**62, "slide_ms": 1000}, "w.size_ms"),
+        ({"kind": "cumulate", "step_ms": 1000, "max_size_ms": MAX_LENGTH_MS + 1000}, "w.max_size_ms"),
+    ],
+)
+def test_a_window_length_past_what_a_64_bit_into_time_holds_is_refused_at_create(raw, field):
+    with pytest.raises(ConfigError) as caught:
+        parse_windows([{"name": "w", "output": "bids", "aggregates": {"n": "count(*)"}, **raw}], file="p.toml")
+    assert caught.value.field.endswith(field) and "at most 31557600000000" in caught.value.reason, caught.value
+    longest = parse_windows(
+        [{"name": "w", "output": "bids", "aggregates": {"n": "count(*)"}, "size_ms": MAX_LENGTH_MS}]
+    )
+    assert longest[0].size_ms == MAX_LENGTH_MS
+
+
+def test_a_tilt_frame_refuses_an_avg_of_the_finer_windows_avg():
+    fine = Window("f", "bids", 1000, {"n": "count(*)", "mean": "avg(v)", "total": "sum(v)"}, ())
+    with pytest.raises(ConfigError, match="mean of means") as caught:
+        check_windows([fine, Window("c", None, 3000, {"mean": "avg(mean)"}, (), from_window="f")], OUTPUTS)
+    assert caught.value.field == "windows.c.aggregates.mean"
+    check_windows(
+        [fine, Window("c", None, 3000, {"mean": "avg(total)", "hi": "max(mean)"}, (), from_window="f")], OUTPUTS
+    )
 
 
 def test_every_kind_round_trips_through_toml_and_a_tumbling_window_stores_what_it_always_did():

@@ -6,6 +6,7 @@ import json
 import random
 
 from reclock.runtime.pipeline import Pipeline
+from tests.delta_log import lake_file_schema_mismatches
 from tests.integration.kafka.test_kafka_pipeline import _ends, _kafka_source, _rows, _step_until_in
 
 
@@ -43,6 +44,7 @@ def test_upsert_from_keyed_records_and_tombstones_equals_a_dictionary_replay(bro
     got = {r["user"]: r["score"] for r in _rows(tmp_path, "upserts", "scores")}
     assert got == replay
     assert _rows(tmp_path, "upserts", "_errors") == []
+    assert lake_file_schema_mismatches(tmp_path) == []  # the MERGE's files and the tasks' alike
 
 
 def test_debezium_change_events_leave_the_latest_row_per_key(broker, topic, produce, tmp_path):
@@ -74,3 +76,4 @@ def test_debezium_change_events_leave_the_latest_row_per_key(broker, topic, prod
     pipeline = Pipeline("cdc", tmp_path, source)
     _step_until_in(pipeline, _ends(delivered))
     assert {r["id"]: r["email"] for r in _rows(tmp_path, "cdc", "users")} == {1: "ann@new", 3: "cy@c"}
+    assert lake_file_schema_mismatches(tmp_path) == []  # the MERGE's files and the tasks' alike
