@@ -289,7 +289,7 @@ class _Client:
             )
             line = b""
             while not line.endswith(b"\n"):
-                part = conn.recv(64)
+                part = conn.recv(1)  # the PID's line alone: the wait status may follow at once
                 if not part:
                     raise RuntimeError("the zygote closed the connection before forking")
                 line += part

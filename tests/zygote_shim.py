@@ -54,7 +54,7 @@ def _fork(path, args):
         conn.sendmsg([json.dumps(request).encode() + b"\n"], streams)
         line = b""
         while not line.endswith(b"\n"):
-            part = conn.recv(64)
+            part = conn.recv(1)  # the PID's line alone: a quick command's wait status follows at once
             if not part:
                 break
             line += part
