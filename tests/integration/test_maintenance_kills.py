@@ -27,10 +27,15 @@ from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_rem
 
 pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 
-#: Records of the optimize test: more than its first run, 6 s at about 1,500 records a second,
-#: can land, so its last run, after the maintenance, has thousands to land too. Each record costs
-#: its share of a 150-record batch's commits; 40,000 made that last run about 20 CPU-s.
+#: Records of the optimize test. Its first run is stopped once the outputs hold enough small
+#: files for maintenance to have work (a few thousand records at the generator's rate), so its
+#: last run, after the maintenance, has thousands to land too. Each record costs its share of a
+#: 150-record batch's commits; 40,000 made that last run about 20 CPU-s.
 PARTITIONS, LIMIT = 2, 20_000
+#: Live output files the optimize test's first run leaves: enough small files to merge.
+SMALL_FILES = 40
+#: How long a condition the tests wait for may take, however loaded the machine.
+PATIENCE = 300
 
 
 def _define(tmp_path: Path, every: int, limit: int = LIMIT) -> Path:
@@ -164,15 +169,30 @@ def _kill_between_output_commits(lake: Path, rows: dict[str, list[tuple]], attem
     return files
 
 
+def _land_small_files(lake: Path) -> None:
+    """Run the pipeline until its outputs hold more than :data:`SMALL_FILES` files, then stop it
+    as an operator would. A run of a fixed length (it was 6 s) landed every record on a fast
+    machine: the generator's source then ended, the last binding was closed, the remap compacted
+    onto that closed binding, and the test compared frontiers that closure had replaced."""
+    process = _popen(lake, "start", "m")
+    deadline = time.monotonic() + PATIENCE
+    while _files(lake) <= SMALL_FILES:
+        assert process.poll() is None, process.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, f"the outputs did not reach {SMALL_FILES} files"
+        time.sleep(0.1)
+    stopped = reclock_in_process("--lake", str(lake), "stop", "m")
+    assert stopped.returncode == 0, stopped.stderr
+    assert process.wait(timeout=PATIENCE) == 0, process.stderr.read().decode()[-2000:]
+
+
 def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path, long_lane):
     step, kills = (0.04, None) if long_lane else (0.12, 8)
     lake = _define(tmp_path, every=0)
-    done = reclock_in_process("--lake", str(lake), "start", "m", "--max-seconds", "6")
-    assert done.returncode == 0, done.stderr[-2000:]
+    _land_small_files(lake)
     before = _rows(lake)
     remap_before = Remap.read(lake / "m" / "remap")
     files_before = _files(lake)
-    assert files_before > 40, "too few small files for maintenance to have work"
+    assert sum(map(len, before.values())) < PARTITIONS * LIMIT, "the first run landed every record"
     merged = [_kill_between_output_commits(lake, before), *_kill_until_done(lake, "optimize", before, step, kills)]
     _kill_until_done(lake, "vacuum", before, step, kills)
     assert any(merged[-1] < n < files_before for n in merged[:-1]), f"no kill landed between commits: {merged}"
