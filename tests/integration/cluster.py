@@ -58,11 +58,7 @@ class StandaloneCluster:
 
     def __enter__(self) -> StandaloneCluster:
         try:
-            port, ui = free_port(), free_port()
-            self._start("master", "org.apache.spark.deploy.master.Master", "--port", str(port), "--webui-port", str(ui))
-            self.master_url = f"spark://127.0.0.1:{port}"
-            self.master_ui = f"http://127.0.0.1:{ui}"
-            self._wait(lambda state: state.get("status") == "ALIVE", "the master to come up")
+            self._start_master()
             for i in range(self.workers):
                 work = self.folder / f"worker-{i}"
                 work.mkdir(parents=True)
@@ -81,6 +77,24 @@ class StandaloneCluster:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+    def _start_master(self, attempts: int = 3) -> None:
+        """The master, on ports free when chosen. Another process can take one before the master
+        binds it (a free port is only free when asked); the master then exits, as told
+        (``spark.port.maxRetries=0``), instead of moving to the next port, where this cluster's
+        look at its UI would read whatever else answers there, and it is started again on others."""
+        for attempt in range(attempts):
+            port, ui = free_port(), free_port()
+            self._start("master", "org.apache.spark.deploy.master.Master", "--port", str(port), "--webui-port", str(ui))
+            self.master_url = f"spark://127.0.0.1:{port}"
+            self.master_ui = f"http://127.0.0.1:{ui}"
+            try:
+                self._wait(lambda state: state.get("status") == "ALIVE", "the master to come up")
+                return
+            except AssertionError:
+                if attempt + 1 == attempts or self.processes[-1].poll() is None:
+                    raise
+                self.processes.pop()
 
     def worker_dirs(self) -> list[Path]:
         return [self.folder / f"worker-{i}" for i in range(self.workers)]
@@ -110,6 +124,8 @@ class StandaloneCluster:
         # (tests/spark_archive.py) maps only into JVMs whose class path is the one it was made with.
         env = clean_env(SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP="127.0.0.1", SPARK_CONF_DIR=str(SPARK_HOME / "conf"))
         env["SPARK_LOG_DIR"] = str(self.folder)
+        # A taken port ends the master (see _start_master); no REST server, whose port is a fixed 6066.
+        env["SPARK_MASTER_OPTS"] = "-Dspark.port.maxRetries=0 -Dspark.master.rest.enabled=false"
         # A worker's executors are JVMs it starts with its own environment: they compile with C1
         # only, like the suite's other JVMs (tests/conftest.py), and map the archive, their "Picked
         # up" line in their logs.
@@ -133,7 +149,7 @@ class StandaloneCluster:
             try:
                 if ready(self.state()):
                     return
-            except OSError:
+            except (OSError, ValueError):  # not up, or its web UI answers before its JSON view is there
                 pass
             time.sleep(0.5)
         raise AssertionError(f"timed out waiting for {what}: see {self.folder}/*.log")
