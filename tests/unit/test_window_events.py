@@ -23,6 +23,10 @@ from tests.unit.test_window_kinds import same, steps
 from tests.unit.test_windows import SCHEMA, SCRIPT, STEPS, _aggregate, output_rows, run_windows
 from tests.unit.test_windows import window_table as read_window
 
+#: Crash-anywhere recomputations: CPU-bound with nothing to wait on, run beside the Spark tests,
+#: whose session ends minutes before the pool's (scripts/test).
+pytestmark = pytest.mark.beside_spark
+
 AGGS = {"n": "count(*)", "total": "sum(x)", "first_v": "first(v)", "last_g": "last(g)"}
 EVENTS = Window("w", "bids", 4, AGGS, ("g",), time_column="v", allowed_lateness_ms=2)
 

@@ -23,6 +23,10 @@ from reclock.testing import CrashAt, FakeClock, MemorySource
 from tests.unit.test_windows import AGGREGATES, SCHEMA, SCRIPT, STEPS, _aggregate, output_rows, run_windows, start
 from tests.unit.test_windows import window_table as read_window
 
+#: Crash-anywhere recomputations: CPU-bound with nothing to wait on, run beside the Spark tests,
+#: whose session ends minutes before the pool's (scripts/test).
+pytestmark = pytest.mark.beside_spark
+
 OUTPUTS = [Output("bids", SCHEMA)]
 
 

@@ -27,6 +27,10 @@ from reclock.sources.base import Output
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash
 from tests.faults.reader import DeltaLog, label_of, read_rows
 
+#: Crash-anywhere recomputations: CPU-bound with nothing to wait on, run beside the Spark tests,
+#: whose session ends minutes before the pool's (scripts/test).
+pytestmark = pytest.mark.beside_spark
+
 SCHEMA = pa.schema([("g", pa.string()), ("v", pa.int64()), ("x", pa.float64())])
 AGGREGATES = {
     "n": "count(*)",
