@@ -37,9 +37,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from reclock.errors import ContractError, ErrorKind, classify, describe
+from reclock.persist.data_files import DataFile, discard_data_file, write_data_files
 from reclock.persist.evolution import evolve
 from reclock.persist.layout import OutputLayout
-from reclock.persist.sink import DELETED, TRUNCATED, DataFile, discard_data_file, write_data_files
+from reclock.persist.sink import DELETED, TRUNCATED
 from reclock.persist.store import LOCAL, Store
 from reclock.runtime.redrives import RedriveSplit, redriven_routes, refusal_rows
 from reclock.runtime.rows import output_rows, split_null_keys, split_unplaceable, unwrap
