@@ -206,6 +206,38 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     _only(pipeline, {*_PIPELINE_KEYS, *(f.name for f in fields(Settings))}, "pipeline.", fail)
     _only(spark, _SPARK_KEYS, "spark.", fail)
 
+    top = _pipeline_options(pipeline, base, fail)
+    spark_options = _spark_options(spark, fail)
+    try:
+        cls = source_class(source.get("kind"))
+    except ConfigError as exc:
+        raise fail(f"source.{exc.field}", exc.reason) from None
+    _check_source_options(source["kind"], cls, source, fail)
+    on_record_error = _record_error_policy(pipeline, source, fail)
+    layouts, shapes = _outputs(_section(raw, "outputs", fail), fail)
+    config = PipelineConfig(
+        source=source,
+        maintenance=maintenance,
+        lease_ttl_s=ttl,
+        storage_options=storage_options,
+        windows=parse_windows(raw.get("windows"), file),
+        layouts=layouts,
+        shapes=shapes,
+        on_record_error=on_record_error,
+        **top,
+        **spark_options,
+    )
+    from reclock.persist.lake import NAME_PATTERN, NAME_RULE
+
+    if not NAME_PATTERN.match(name := config.name):
+        raise fail("pipeline.name", f"{name!r} is not an identifier: {NAME_RULE} (such as {_as_name(name)!r})")
+    return config
+
+
+def _pipeline_options(
+    pipeline: Mapping[str, Any], base: Path | None, fail: Callable[[str, str], ConfigError]
+) -> dict[str, Any]:
+    """``[pipeline]``: its own keys and the runtime's :class:`Settings`, as :class:`PipelineConfig`'s fields."""
     name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
     lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
     if base is not None and "://" not in lake and not os.path.isabs(os.path.expanduser(lake)):
@@ -231,6 +263,19 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
         settings = Settings(**knobs)
     except ConfigError as exc:
         raise fail(f"pipeline.{exc.field}", exc.reason) from None
+    return {
+        "name": name,
+        "lake": lake,
+        "settings": settings,
+        "engine": engine,
+        "status_retention_days": retention,
+        "metrics_port": metrics_port,
+        "metrics_host": metrics_host,
+    }
+
+
+def _spark_options(spark: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> dict[str, Any]:
+    """``[spark]``, as :class:`PipelineConfig`'s ``spark_*`` fields."""
     master = _typed(spark, "master", str, "spark.", fail, default="local[2]")
     small = _typed(spark, "small_batch_offsets", int, "spark.", fail, default=20_000)
     if small < 0:
@@ -243,41 +288,14 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     conf = spark.get("conf", {})
     if not isinstance(conf, Mapping):
         raise fail("spark.conf", "must be a table of Spark settings")
-    try:
-        cls = source_class(source.get("kind"))
-    except ConfigError as exc:
-        raise fail(f"source.{exc.field}", exc.reason) from None
-    _check_source_options(source["kind"], cls, source, fail)
-    on_record_error = _record_error_policy(pipeline, source, fail)
-    layouts, shapes = _outputs(_section(raw, "outputs", fail), fail)
-    config = PipelineConfig(
-        name,
-        lake,
-        source,
-        settings,
-        engine,
-        master,
-        {str(k): str(v) for k, v in conf.items()},
-        retention,
-        metrics_port,
-        small,
-        maintenance,
-        background,
-        ttl,
-        storage_options,
-        parse_windows(raw.get("windows"), file),
-        layouts=layouts,
-        metrics_host=metrics_host,
-        shapes=shapes,
-        on_record_error=on_record_error,
-        spark_start_timeout_s=start_timeout,
-        spark_ui=ui,
-    )
-    from reclock.persist.lake import NAME_PATTERN, NAME_RULE
-
-    if not NAME_PATTERN.match(name):
-        raise fail("pipeline.name", f"{name!r} is not an identifier: {NAME_RULE} (such as {_as_name(name)!r})")
-    return config
+    return {
+        "spark_master": master,
+        "spark_conf": {str(k): str(v) for k, v in conf.items()},
+        "small_batch_offsets": small,
+        "spark_background_start": background,
+        "spark_start_timeout_s": start_timeout,
+        "spark_ui": ui,
+    }
 
 
 def _as_name(text: str) -> str:
