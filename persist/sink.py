@@ -32,6 +32,7 @@ from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Field, PrimitiveType
 from deltalake.transaction import AddAction, RemoveAction
 
+from reclock.envelope import APPEND
 from reclock.errors import ConfigError, FencedError
 from reclock.persist.data_files import DataFile, discard_data_file, lake_path
 from reclock.persist.evolution import commit_new_fields, new_fields_of
@@ -108,7 +109,7 @@ class OutputSink:
         app_id: str,
         schema: pa.Schema,
         *,
-        envelope: str = "append",
+        envelope: str = APPEND,
         key: tuple[str, ...] = (),
         staging: LakePath | None = None,
         store: Store = LOCAL,
@@ -124,7 +125,7 @@ class OutputSink:
         self._declared = frozenset(schema.names)
         self._label = _Label(app_id)
         self.staging = (
-            None if envelope == "append" else lake_path(staging or self.path.parent / f".staging-{self.path.name}")
+            None if envelope == APPEND else lake_path(staging or self.path.parent / f".staging-{self.path.name}")
         )
         with lake_io(f"creating output table {self.path.name}"):
             if self.staging is not None:

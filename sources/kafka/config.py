@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from reclock.envelope import APPEND, DEBEZIUM, ENVELOPES
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
 from reclock.sources.decode import Decoder, RegistryDecoder, as_schema, make_decoder, make_registry_decoder
@@ -283,17 +284,17 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     catch_all = "topics" not in spec and "pattern" not in spec
     if catch_all:
         compiled = re.compile(".*", re.DOTALL)
-    envelope = spec.get("envelope", "append")
-    if envelope not in ("append", "upsert", "debezium"):
+    envelope = spec.get("envelope", APPEND)
+    if envelope not in ENVELOPES:
         raise ConfigError(f"{where}.envelope", f"must be append, upsert or debezium, got {envelope!r}")
     row_schema = as_schema(opts["schema"], field=f"{where}.format.schema")
-    if envelope == "debezium" and (opts["format"] != "json" or row_schema is None):
+    if envelope == DEBEZIUM and (opts["format"] != "json" or row_schema is None):
         raise ConfigError(f"{where}.envelope", 'debezium needs format = "json" and the row\'s schema')
     decoder = _value_decoder(where, envelope, opts, row_schema, route_topics)
     key_format = opts["key_format"]
     key_decoder = _key_decoder(where, key_format, opts, route_topics)
     metadata = _check_metadata(opts["metadata"], f"{where}.metadata")
-    fields = list(row_schema) if row_schema is not None and envelope == "debezium" else list(decoder.schema)
+    fields = list(row_schema) if row_schema is not None and envelope == DEBEZIUM else list(decoder.schema)
     for meta, column in metadata:
         ftype = METADATA_COLUMNS[meta]
         if meta == "key" and key_format == "text":
@@ -321,7 +322,7 @@ def _value_decoder(
 ) -> Decoder | RegistryDecoder:
     """An output's value decoder: a schema registry's (or protobuf's), or a plain format's."""
     if opts.get("schema_registry") is not None or opts["format"] == "protobuf":
-        if envelope == "debezium":
+        if envelope == DEBEZIUM:
             raise ConfigError(f"{where}.envelope", "debezium reads plain JSON, not registry formats")
         return make_registry_decoder(
             opts["format"],
@@ -333,7 +334,7 @@ def _value_decoder(
         )
     return make_decoder(
         opts["format"],
-        debezium_schema(row_schema) if envelope == "debezium" else opts["schema"],
+        debezium_schema(row_schema) if envelope == DEBEZIUM else opts["schema"],
         delimiter=opts["delimiter"],
         quote_char=opts["quote_char"],
         avro_schema=opts["avro_schema"],
