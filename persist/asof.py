@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, overload
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from reclock.envelope import APPEND
 from reclock.errors import ConfigError
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.read import read_table
@@ -232,7 +233,7 @@ def _plan(lake: Lake, pipeline: str, as_of: IntoTime) -> dict[str, DeltaTable]:
     if as_of >= upper:
         raise ValueError(f"pipeline {pipeline!r}: no consistent cut at {as_of} yet; readable upper is {upper}")
     for output, table in tables.items():
-        upsert = table.metadata().configuration.get(ENVELOPE) != "append"
+        upsert = table.metadata().configuration.get(ENVELOPE) != APPEND
         if upsert and not _load_first_version_reaching(table, sink_id(pipeline, output), as_of):
             raise _vacuumed(pipeline, output, as_of)
     return tables

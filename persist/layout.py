@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.envelope import APPEND, UPSERT
 from reclock.errors import ConfigError
 from reclock.persist.store import LakePath, Store
 from reclock.timeline.frontier import INTO_TS, OFFSET, PARTITION
@@ -98,7 +99,7 @@ class OutputLayout:
                 f"{field}.schema_evolution",
                 f"must be one of {', '.join(EVOLUTION_MODES)}, got {self.schema_evolution!r}",
             )
-        if self.schema_evolution == "add" and envelope not in ("append", "upsert"):
+        if self.schema_evolution == "add" and envelope not in (APPEND, UPSERT):
             raise ConfigError(
                 f"{field}.schema_evolution", f"'add' needs an append or upsert output; {output!r} is {envelope}"
             )

@@ -21,7 +21,7 @@ Why not delta-rs's MERGE, which did this before: the files it writes hold ``stri
 evolution, ``optimize``) writes ``string`` and ``binary``, so one table held two physical types
 per column and a reader trusting the files' schemas (pyarrow's concatenation) failed; and keeping
 a target's value per column for the records that did not send it needed a ``CASE`` per column.
-Every file written here is :func:`~reclock.persist.sink.write_data_files`' own, of the table's
+Every file written here is :func:`~reclock.persist.data_files.write_data_files`' own, of the table's
 schema.
 """
 
@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.transaction import AddAction, RemoveAction
 
+from reclock.persist.data_files import write_data_files
 from reclock.persist.layout import read_groups
 from reclock.persist.store import LakePath, Store
 
@@ -199,8 +200,6 @@ def _merge_actions(
 ) -> list[AddAction | RemoveAction]:
     """Steps 2 and 3: write the MERGE's files into the table's folder and return its actions.
     On an exception the files written so far are orphans for ``vacuum``."""
-    from reclock.persist.sink import write_data_files
-
     output = root.name
     removes: list[AddAction | RemoveAction] = []
     adds: list[AddAction | RemoveAction] = []

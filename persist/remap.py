@@ -42,10 +42,10 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction
 
+from reclock.persist.data_files import write_data_file
 from reclock.persist.faults import lake_io
 from reclock.persist.post_commit import hooks_for_next_commit
 from reclock.persist.read import read_table
-from reclock.persist.sink import write_data_file
 from reclock.persist.store import LOCAL, LakePath, Store, StorePath
 from reclock.timeline.bindings import Bindings
 from reclock.timeline.frontier import (

@@ -1,6 +1,7 @@
 """Output sinks: one Delta table per output, each commit labelled so a replay is a no-op.
 
-A batch's rows for one output become parquet files written by the tasks (:func:`write_data_file`)
+A batch's rows for one output become parquet files written by the tasks
+(:func:`~reclock.persist.data_files.write_data_file`)
 and then **one** Delta commit by the driver (:meth:`OutputSink.commit`) carrying
 ``Transaction(app_id=<sink id>, version=T)``, where ``T`` is the newest binding the batch covers.
 That label *is* the output's progress: the output holds exactly the rows with ``_into_ts <= T``,
@@ -22,29 +23,24 @@ checkpoint, which on an object store is a request per version, per output, per b
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.schema import Field, PrimitiveType
 from deltalake.transaction import AddAction, RemoveAction
 
+from reclock.envelope import APPEND
 from reclock.errors import ConfigError, FencedError
+from reclock.persist.data_files import DataFile, discard_data_file, lake_path
 from reclock.persist.evolution import commit_new_fields, new_fields_of
 from reclock.persist.faults import lake_io
-from reclock.persist.layout import OutputLayout, layout_schema, partition_groups
+from reclock.persist.layout import OutputLayout, layout_schema
 from reclock.persist.merge import UNSENT, fold_unsent, merge_batch
 from reclock.persist.post_commit import hooks_for_next_commit
-from reclock.persist.store import LOCAL, LakePath, Store, parse_lake
+from reclock.persist.store import LOCAL, LakePath, Store
 from reclock.timeline.frontier import INTO_TS, OFFSET, IntoTime, label_upper, wall_clock_ms
 
 __all__ = [
@@ -53,12 +49,8 @@ __all__ = [
     "ENVELOPE",
     "TRUNCATED",
     "INTO_TS",
-    "DataFile",
     "OutputSink",
-    "discard_data_file",
     "table_schema",
-    "write_data_file",
-    "write_data_files",
 ]
 
 
@@ -74,83 +66,11 @@ TRUNCATED = "_truncated"
 #: stays exact after ``vacuum``; an upsert or debezium output's MERGEs rewrite rows.
 ENVELOPE = "reclock.envelope"
 
-_STAT_STRING_LIMIT = 64
-
 
 def table_schema(own: pa.Schema, *, lineage: bool = True, layout: OutputLayout | None = None) -> pa.Schema:
     """An output table's schema: its own columns, ``_into_ts``, then lineage when appended; a
     ``layout`` may add ``_rescued`` and ``_into_date`` (see :func:`~reclock.persist.layout.layout_schema`)."""
     return layout_schema(own, layout or OutputLayout(), lineage=lineage)
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """A parquet file a task wrote into an output table's folder, not yet part of the table."""
-
-    output: str
-    path: str  # relative to the table root, as Delta wants it
-    size: int
-    num_records: int
-    stats: str
-    #: Delta ``partitionValues`` of the file's rows (a partitioned output); ``path`` is then in its folder.
-    partition_values: Mapping[str, str | None] = field(default_factory=dict)
-    #: Columns the file has that its table does not have yet: fields a record brought (``add``).
-    new_fields: tuple[str, ...] = ()
-
-
-def write_data_files(
-    root: str | LakePath,
-    output: str,
-    table: pa.Table,
-    store: Store = LOCAL,
-    *,
-    partition_by: tuple[str, ...] = (),
-    new_fields: tuple[str, ...] = (),
-) -> list[DataFile]:
-    """Write ``table`` as parquet files: one, or one per partition value of ``partition_by``
-    (each in its ``col=value`` folder, without the partition columns). ``new_fields`` names the
-    columns of ``table`` its output table lacks, for the driver's commit."""
-    if not partition_by:
-        return [write_data_file(root, output, table, store, new_fields=new_fields)]
-    files = []
-    for folder, values, rows in partition_groups(table, partition_by):
-        store.makedirs(_root(root) / folder)
-        written = write_data_file(root, output, rows, store, folder=folder, new_fields=new_fields)
-        files.append(dataclasses.replace(written, partition_values=values))
-    return files
-
-
-def write_data_file(
-    root: str | LakePath,
-    output: str,
-    table: pa.Table,
-    store: Store = LOCAL,
-    *,
-    folder: str = "",
-    new_fields: tuple[str, ...] = (),
-) -> DataFile:
-    """Write ``table`` as one parquet file under ``root`` (a folder or a store's URI), in its
-    partition ``folder`` if any; runs inside a Spark task, which writes straight into the store.
-
-    The file is invisible until a commit adds it; a failed attempt leaves an orphan for ``vacuum``.
-    """
-    name = f"{folder}/part-{uuid.uuid4().hex}.snappy.parquet" if folder else f"part-{uuid.uuid4().hex}.snappy.parquet"
-    full = _root(root) / name
-    with lake_io(f"writing a data file of output {output}"):
-        try:
-            size, footer = store.write_parquet(full, table)
-            stats = _stats_json(table, footer)
-        except Exception:
-            # a half-written file on a full disk, or one whose statistics cannot be logged, is
-            # nobody's: free its space now
-            store.delete(full)
-            raise
-    return DataFile(output, name, size, table.num_rows, stats, new_fields=new_fields)
-
-
-def discard_data_file(root: str | LakePath, file: DataFile, store: Store = LOCAL) -> None:
-    """Remove a file no commit references; on a read-only lake it stays an orphan for ``vacuum``."""
-    store.delete(_root(root) / file.path)
 
 
 def append_unlabelled(path: LakePath, files: list[DataFile], store: Store = LOCAL, *, note: str) -> None:
@@ -163,7 +83,7 @@ def append_unlabelled(path: LakePath, files: list[DataFile], store: Store = LOCA
     now_ms = wall_clock_ms()
     actions: list[AddAction | RemoveAction] = [AddAction(f.path, f.size, {}, now_ms, True, f.stats) for f in files]
     properties = CommitProperties(custom_metadata={"reclock.note": note})
-    with lake_io(f"appending to output table {_root(path).name}"):
+    with lake_io(f"appending to output table {lake_path(path).name}"):
         table.create_write_transaction(
             actions,
             mode="append",
@@ -171,13 +91,6 @@ def append_unlabelled(path: LakePath, files: list[DataFile], store: Store = LOCA
             commit_properties=properties,
             post_commithook_properties=hooks_for_next_commit(table),
         )
-
-
-def _root(root: str | LakePath) -> LakePath:
-    """A folder given as text (tasks get them so): a store's URI or a local path, as it was."""
-    if isinstance(root, str):
-        return parse_lake(root) if "://" in root else Path(root)
-    return root
 
 
 class OutputSink:
@@ -196,13 +109,13 @@ class OutputSink:
         app_id: str,
         schema: pa.Schema,
         *,
-        envelope: str = "append",
+        envelope: str = APPEND,
         key: tuple[str, ...] = (),
         staging: LakePath | None = None,
         store: Store = LOCAL,
         layout: OutputLayout | None = None,
     ) -> None:
-        self.path = _root(path)
+        self.path = lake_path(path)
         self.app_id = app_id
         self.envelope = envelope
         self.key = key
@@ -212,7 +125,7 @@ class OutputSink:
         self._declared = frozenset(schema.names)
         self._label = _Label(app_id)
         self.staging = (
-            None if envelope == "append" else _root(staging or self.path.parent / f".staging-{self.path.name}")
+            None if envelope == APPEND else lake_path(staging or self.path.parent / f".staging-{self.path.name}")
         )
         with lake_io(f"creating output table {self.path.name}"):
             if self.staging is not None:
@@ -490,83 +403,3 @@ class _Label:
     def wrote(self, held: int, binding_ts: IntoTime) -> None:
         """Our one commit labelled ``binding_ts``, made on the snapshot at version ``held``, landed."""
         self._known = (held + 1, binding_ts + 1)
-
-
-def _stats_json(table: pa.Table, footer: pq.FileMetaData) -> str:
-    """Delta add-action statistics, so readers (as-of reads on ``_into_ts`` above all) skip files.
-
-    Statistics are a promise every reader trusts: a file is skipped when a predicate cannot hold
-    between ``minValues`` and ``maxValues``. So a column gets bounds only when they are exact and
-    representable in strict JSON: never for a float column holding ``NaN`` or ``±inf`` (JSON has no
-    such numbers, and a finite bound beside an infinite value would let readers skip rows that
-    match), never for long strings (they would bloat the log; exact bounds cannot be truncated), and
-    only for the types whose JSON form every reader parses the same way. ``allow_nan=False``
-    makes any slip an error in the task, which retries, instead of a log entry that bricks the
-    table. delta-rs computes statistics only for files it writes itself; its API for committing
-    files written elsewhere (``create_write_transaction``) takes them from the caller.
-
-    Integer and string bounds are the parquet writer's own, from the file's ``footer``: it
-    computed them while it wrote the rows, exactly (it drops a bound it will not keep, it never
-    truncates one), in the order readers compare in (signed or unsigned as the type, strings as
-    UTF-8 bytes), so they cost no second pass over the rows (23 ms of 500,000 rows of a snapshot's
-    table, four of its columns strings). Float bounds are still computed here: the writer leaves
-    ``NaN`` out of its bounds, where the file must have none. Null counts are Arrow's, kept with
-    every array.
-    """
-    leaves = _first_leaves(table.schema)
-    assert leaves[-1] == footer.num_columns, "the parquet file has a leaf column per Arrow leaf"
-    mins: dict[str, object] = {}
-    maxs: dict[str, object] = {}
-    nulls: dict[str, int] = {}
-    for j, (name, column) in enumerate(zip(table.column_names, table.columns, strict=True)):
-        kind = column.type
-        floating = pa.types.is_float32(kind) or pa.types.is_float64(kind)
-        if not (pa.types.is_integer(kind) or floating or pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-            continue
-        nulls[name] = column.null_count
-        if table.num_rows == column.null_count:
-            continue
-        bounds: tuple[Any, Any] | None
-        if floating:
-            if not pc.all(pc.is_finite(column), skip_nulls=True).as_py():
-                continue
-            computed = pc.min_max(column)
-            bounds = computed["min"].as_py(), computed["max"].as_py()
-        else:
-            bounds = _written_bounds(footer, leaves[j])
-        if bounds is None:
-            continue
-        lo, hi = bounds
-        if isinstance(lo, str) and (len(lo) > _STAT_STRING_LIMIT or len(hi) > _STAT_STRING_LIMIT):
-            continue
-        mins[name], maxs[name] = lo, hi
-    stats = {"numRecords": table.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-    return json.dumps(stats, allow_nan=False)
-
-
-def _first_leaves(schema: pa.Schema) -> list[int]:
-    """Per field of ``schema``, the index of its first leaf column in a parquet file of it, then
-    the number of leaves: a nested field is one parquet column per primitive inside it."""
-
-    def leaves(kind: pa.DataType) -> int:
-        return sum(leaves(kind.field(i).type) for i in range(kind.num_fields)) if kind.num_fields else 1
-
-    firsts = [0]
-    for item in schema:
-        firsts.append(firsts[-1] + leaves(item.type))
-    return firsts
-
-
-def _written_bounds(footer: pq.FileMetaData, leaf: int) -> tuple[Any, Any] | None:
-    """The least and greatest value of parquet column ``leaf`` over every row group of the file,
-    or ``None`` if a row group's chunk has none (the writer dropped them, or the chunk holds only
-    nulls: then the column is left without bounds, which skips nothing)."""
-    lo: Any = None
-    hi: Any = None
-    for group in range(footer.num_row_groups):
-        written = footer.row_group(group).column(leaf).statistics
-        if written is None or not written.has_min_max:
-            return None
-        lo = written.min if lo is None else min(lo, written.min)
-        hi = written.max if hi is None else max(hi, written.max)
-    return None if lo is None else (lo, hi)

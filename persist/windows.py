@@ -33,9 +33,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from reclock.errors import ConfigError
+from reclock.persist.data_files import write_data_file
 from reclock.persist.faults import lake_io
 from reclock.persist.lake import Lake
-from reclock.persist.sink import OutputSink, table_schema, write_data_file
+from reclock.persist.sink import OutputSink, table_schema
 from reclock.persist.store import LakePath, Store
 from reclock.timeline.frontier import INTO_TS, IntoTime
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
+from reclock.envelope import DEBEZIUM
 from reclock.sources.base import LINEAGE_FIELDS, Output, SourceBase, Split, debezium_schema
 from reclock.timeline.frontier import OFFSET, PARTITION, Frontier, Partition, encode_partition
 
@@ -60,7 +61,7 @@ class MemorySource(SourceBase):
     def __init__(self, outputs: Mapping[str, pa.Schema | Output], *, max_split_offsets: int = 1_000_000) -> None:
         self._outputs = [o if isinstance(o, Output) else Output(name, o) for name, o in outputs.items()]
         self._schemas = {
-            o.name: debezium_schema(o.schema) if o.envelope == "debezium" else o.schema for o in self._outputs
+            o.name: debezium_schema(o.schema) if o.envelope == DEBEZIUM else o.schema for o in self._outputs
         }
         self._log: dict[Partition, list[tuple[str, dict]]] = {}
         self._held: Frontier | None = None

@@ -40,10 +40,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
+from reclock.envelope import APPEND, Envelope
 from reclock.errors import ContractError
 from reclock.sources.context import SourceContext, parse_generations
 from reclock.sources.records import (
@@ -98,8 +99,6 @@ __all__ = [
     "parse_generations",
 ]
 
-Envelope = Literal["append", "upsert", "debezium"]
-
 
 @dataclass(frozen=True)
 class Output:
@@ -108,7 +107,7 @@ class Output:
     name: str
     schema: pa.Schema
     key: tuple[str, ...] = ()
-    envelope: Envelope = "append"
+    envelope: Envelope = APPEND
 
 
 @dataclass(frozen=True)

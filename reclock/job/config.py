@@ -45,7 +45,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import tomllib
@@ -57,6 +56,14 @@ from typing import Any, cast
 from reclock.errors import ConfigError
 from reclock.job.plugins import source_class, source_options
 from reclock.job.secrets import conceal, expand, hidden
+from reclock.job.sections import (
+    DEFAULT_SPARK_START_TIMEOUT_S,
+    LeaseSection,
+    PipelineSection,
+    SparkSection,
+    keys_of,
+    parse_section,
+)
 from reclock.persist.layout import OutputLayout, layouts_to_dict, parse_layouts
 from reclock.persist.lease import DEFAULT_TTL_S
 from reclock.persist.store import check_storage_options
@@ -74,16 +81,9 @@ __all__ = [
     "parse_config",
 ]
 
-_ENGINES = ("spark", "local")
 _METRICS_KEYS = ("metrics_port", "metrics_host")
 #: A pipeline policy that older definitions (and the source guides) write under ``[source]``.
 _RECORD_ERROR = "on_record_error"
-#: ``[pipeline]`` keys besides the runtime's :class:`Settings`.
-_PIPELINE_KEYS = ("name", "lake", "engine", "status_retention_days", _RECORD_ERROR, *_METRICS_KEYS)
-_MIN_TTL_S = 1.0  # renewals every third of it must fit the store's round trips
-#: Seconds a job waits for its Spark session: a local one starts in 5-20 s on a loaded machine.
-DEFAULT_SPARK_START_TIMEOUT_S = 120.0
-_SPARK_KEYS = {"master", "conf", "small_batch_offsets", "background_start", "start_timeout_seconds", "ui"}
 
 
 @dataclass(frozen=True)
@@ -181,7 +181,10 @@ def load_config(path: str | Path) -> PipelineConfig:
 
 
 def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path | None = None) -> PipelineConfig:
-    """Validate a definition already parsed from TOML (or JSON); relative lakes resolve at ``base``."""
+    """Validate a definition already parsed from TOML (or JSON); relative lakes resolve at ``base``.
+
+    Each section is read into its frozen value (:mod:`reclock.job.sections`, and the runtime's
+    :class:`Settings` and :class:`Maintenance`) by one typed parser; unknown keys are named first."""
 
     def fail(name: str, message: str) -> ConfigError:
         return ConfigError(name, message, file=file)
@@ -196,53 +199,18 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     except ConfigError as exc:
         raise fail(exc.field, exc.reason) from None
     spark = _section(raw, "spark", fail)
-    maintenance = _maintenance(_section(raw, "maintenance", fail), fail)
-    lease = _section(raw, "lease", fail)
-    _only(lease, {"ttl_seconds"}, "lease.", fail)
-    ttl = _typed(lease, "ttl_seconds", float, "lease.", fail, default=DEFAULT_TTL_S)
-    if not _MIN_TTL_S <= ttl < math.inf:
-        raise fail("lease.ttl_seconds", f"must be a finite number of seconds >= {_MIN_TTL_S:g}, got {ttl!r}")
+    maintenance_section = _section(raw, "maintenance", fail)
+    _only(maintenance_section, keys_of(Maintenance), "maintenance.", fail)
+    maintenance = parse_section(Maintenance, maintenance_section, "maintenance.", fail)
+    lease_section = _section(raw, "lease", fail)
+    _only(lease_section, keys_of(LeaseSection), "lease.", fail)
+    lease = parse_section(LeaseSection, lease_section, "lease.", fail)
     source = dict(_section(raw, "source", fail, required=True))
-    _only(pipeline, {*_PIPELINE_KEYS, *(f.name for f in fields(Settings))}, "pipeline.", fail)
-    _only(spark, _SPARK_KEYS, "spark.", fail)
-
-    name = _typed(pipeline, "name", str, "pipeline.", fail, required=True)
-    lake = _typed(pipeline, "lake", str, "pipeline.", fail, default="lake")
-    if base is not None and "://" not in lake and not os.path.isabs(os.path.expanduser(lake)):
-        lake = str((base / lake).resolve())
-    engine = _typed(pipeline, "engine", str, "pipeline.", fail, default="spark")
-    retention = _typed(pipeline, "status_retention_days", float, "pipeline.", fail, default=7.0)
-    if not 0 < retention < math.inf:
-        raise fail("pipeline.status_retention_days", f"must be a finite number > 0, got {retention!r}")
-    metrics_port = _typed(pipeline, "metrics_port", int, "pipeline.", fail)
-    if metrics_port is not None and not 0 <= metrics_port <= 65535:
-        raise fail("pipeline.metrics_port", "must be a port number (0 picks a free one)")
-    metrics_host = _typed(pipeline, "metrics_host", str, "pipeline.", fail, default="127.0.0.1")
-    if not metrics_host.strip():
-        raise fail("pipeline.metrics_host", "must be an address to bind to, such as 127.0.0.1 or 0.0.0.0")
-    if engine not in _ENGINES:
-        raise fail("pipeline.engine", f"must be one of {', '.join(_ENGINES)}, got {engine!r}")
-    knobs = {}
-    for f in fields(Settings):
-        kind = {"float": float, "bool": bool}.get(str(f.type), int)
-        if f.name in pipeline:
-            knobs[f.name] = _typed(pipeline, f.name, kind, "pipeline.", fail)
-    try:
-        settings = Settings(**knobs)
-    except ConfigError as exc:
-        raise fail(f"pipeline.{exc.field}", exc.reason) from None
-    master = _typed(spark, "master", str, "spark.", fail, default="local[2]")
-    small = _typed(spark, "small_batch_offsets", int, "spark.", fail, default=20_000)
-    if small < 0:
-        raise fail("spark.small_batch_offsets", "must be >= 0 (0 sends every batch to Spark)")
-    background = _typed(spark, "background_start", bool, "spark.", fail, default=True)
-    start_timeout = _typed(spark, "start_timeout_seconds", float, "spark.", fail, default=DEFAULT_SPARK_START_TIMEOUT_S)
-    if not 0 < start_timeout < math.inf:
-        raise fail("spark.start_timeout_seconds", f"must be a finite number of seconds > 0, got {start_timeout!r}")
-    ui = _typed(spark, "ui", bool, "spark.", fail, default=False)
-    conf = spark.get("conf", {})
-    if not isinstance(conf, Mapping):
-        raise fail("spark.conf", "must be a table of Spark settings")
+    _only(pipeline, {*keys_of(PipelineSection), _RECORD_ERROR, *keys_of(Settings)}, "pipeline.", fail)
+    _only(spark, keys_of(SparkSection), "spark.", fail)
+    top = parse_section(PipelineSection, pipeline, "pipeline.", fail)
+    settings = parse_section(Settings, pipeline, "pipeline.", fail)
+    sparks = parse_section(SparkSection, spark, "spark.", fail)
     try:
         cls = source_class(source.get("kind"))
     except ConfigError as exc:
@@ -250,32 +218,35 @@ def parse_config(raw: Mapping[str, Any], *, file: str | None = None, base: Path 
     _check_source_options(source["kind"], cls, source, fail)
     on_record_error = _record_error_policy(pipeline, source, fail)
     layouts, shapes = _outputs(_section(raw, "outputs", fail), fail)
+    lake = top.lake
+    if base is not None and "://" not in lake and not os.path.isabs(os.path.expanduser(lake)):
+        lake = str((base / lake).resolve())
     config = PipelineConfig(
-        name,
-        lake,
-        source,
-        settings,
-        engine,
-        master,
-        {str(k): str(v) for k, v in conf.items()},
-        retention,
-        metrics_port,
-        small,
-        maintenance,
-        background,
-        ttl,
-        storage_options,
-        parse_windows(raw.get("windows"), file),
+        name=top.name,
+        lake=lake,
+        source=source,
+        settings=settings,
+        engine=top.engine,
+        spark_master=sparks.master,
+        spark_conf={str(k): str(v) for k, v in sparks.conf.items()},
+        status_retention_days=top.status_retention_days,
+        metrics_port=top.metrics_port,
+        small_batch_offsets=sparks.small_batch_offsets,
+        maintenance=maintenance,
+        spark_background_start=sparks.background_start,
+        lease_ttl_s=lease.ttl_seconds,
+        storage_options=storage_options,
+        windows=parse_windows(raw.get("windows"), file),
         layouts=layouts,
-        metrics_host=metrics_host,
+        metrics_host=top.metrics_host,
         shapes=shapes,
         on_record_error=on_record_error,
-        spark_start_timeout_s=start_timeout,
-        spark_ui=ui,
+        spark_start_timeout_s=sparks.start_timeout_seconds,
+        spark_ui=sparks.ui,
     )
     from reclock.persist.lake import NAME_PATTERN, NAME_RULE
 
-    if not NAME_PATTERN.match(name):
+    if not NAME_PATTERN.match(name := config.name):
         raise fail("pipeline.name", f"{name!r} is not an identifier: {NAME_RULE} (such as {_as_name(name)!r})")
     return config
 
@@ -322,16 +293,6 @@ def _outputs_to_dict(layouts: Mapping[str, OutputLayout], shapes: tuple[Shape, .
     return outputs
 
 
-def _maintenance(section: Mapping[str, Any], fail: Callable[[str, str], ConfigError]) -> Maintenance:
-    names = [f.name for f in fields(Maintenance)]
-    _only(section, set(names), "maintenance.", fail)
-    knobs = {name: _typed(section, name, int, "maintenance.", fail) for name in names if name in section}
-    try:
-        return Maintenance(**knobs)
-    except ConfigError as exc:
-        raise fail(f"maintenance.{exc.field}", exc.reason) from None
-
-
 def build_source(
     config: PipelineConfig,
     *,
@@ -358,13 +319,13 @@ def build_source(
     except ConfigError as exc:
         raise ConfigError(f"source.{exc.field}", exc.reason, file=file) from None
     context = SourceContext(
-        config.name,
-        created_at_ms,
-        config.on_record_error,
-        generations_reader,
-        generations_path,
-        state_path,
-        dict(state_options or {}),
+        pipeline=config.name,
+        created_at_ms=created_at_ms,
+        on_record_error=config.on_record_error,
+        generations_reader=generations_reader,
+        generations_path=generations_path,
+        state_path=state_path,
+        state_options=dict(state_options or {}),
     )
     try:
         built = cls.from_config(options, context) if issubclass(cls, TakesContext) else cls(**options)
@@ -435,26 +396,3 @@ def _only(section: Mapping[str, Any], allowed: set[str], prefix: str, fail: Call
     for key in section:
         if key not in allowed:
             raise fail(f"{prefix}{key}", f"unknown key (known: {', '.join(sorted(allowed))})")
-
-
-def _typed(
-    section: Mapping[str, Any],
-    key: str,
-    kind: type,
-    prefix: str,
-    fail: Callable[..., ConfigError],
-    *,
-    required: bool = False,
-    default: Any = None,
-) -> Any:
-    if key not in section:
-        if required:
-            raise fail(f"{prefix}{key}", "missing")
-        return default
-    value = section[key]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        names = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
-        raise fail(f"{prefix}{key}", f"expected {names[kind]}, got {value!r}")
-    return value

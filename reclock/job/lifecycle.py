@@ -13,53 +13,44 @@ import functools
 import json
 import logging
 import os
-import signal
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, replace
-from types import FrameType
-from typing import Any, TextIO, TypeAlias
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TextIO
 
 from reclock.errors import ConfigError, EngineUnavailable, ReclockError, describe
-from reclock.job import status_publish, status_rows
+from reclock.job import status_publish
 from reclock.job.config import PipelineConfig, build_source, check_shapes
-from reclock.job.control import clear_stale_stop, exclusive, load, request_stop, stop_asked
+from reclock.job.control import clear_stale_stop, exclusive, load, request_stop
 from reclock.job.detach import attach
 from reclock.job.file_states import FileStatus, drop_refusal, read_file_states
-from reclock.job.progress import PlainLines, ProgressView, Tracker
-from reclock.job.secrets import expand_storage_options, redacted
+from reclock.job.leased_run import LeasedRun, on_signals
+from reclock.job.progress import ProgressView
+from reclock.job.secrets import expand_storage_options
 from reclock.job.startup import data_plane, starting
 from reclock.job.status import Status, StatusWriter
-from reclock.job.status_restore import restore_history
-from reclock.job.watch import watch
 from reclock.persist.asof import output_upper
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.lease import Lease
 from reclock.persist.remap import RemapTable
-from reclock.persist.status_tables import StatusTables
 from reclock.persist.store import LakePath, Store
 from reclock.runtime import logs
 from reclock.runtime.health import Health
 from reclock.runtime.maintenance import MaintenanceReport, maintain_tables
 from reclock.runtime.outputs import awaited_shapes, awaited_windows, check_layouts, outputs_of
-from reclock.runtime.pipeline import BatchReport, BatchState, Pipeline
+from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.shaping import route_outputs
 from reclock.runtime.windows import check_windows
 from reclock.sources.base import FileStates, Source, parse_generations
-from reclock.timeline.frontier import IntoTime, Partition, wall_clock_ms
+from reclock.timeline.frontier import IntoTime, wall_clock_ms
 from reclock.timeline.resume import resume_upper
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = ["create", "drop_file", "file_states", "lake_of", "load", "maintain_pipeline", "request_stop", "run"]
 
 log = logging.getLogger("reclock.job")
-
-#: What ``signal.signal`` returns and takes back: a handler, ``SIG_DFL``/``SIG_IGN``, or ``None``.
-_Handler: TypeAlias = Callable[[int, FrameType | None], Any] | int | None
-
-#: Seconds between two looks for a stop request in a lake in object storage, at least: the batch
-#: cadence (``batch_interval``) when it is slower. A look is a request to the store, billed; in a
-#: local lake it is a ``stat``, so the job looks at every turn of its watcher and stops at once.
-_STOP_POLL_S = 1.0
 
 
 def create(
@@ -308,7 +299,11 @@ def _run_leased(
 ) -> Pipeline:
     """The job under the pipeline's lease: it checks it before every durable write, so a job that
     lost it stops before its next commit, as failed, and writes no status over its successor's
-    (:class:`~reclock.job.status.StatusWriter`, and the status tables' own fence)."""
+    (:class:`~reclock.job.status.StatusWriter`, and the status tables' own fence).
+
+    The steps, in order: say "starting", build the source and the data plane, open the pipeline,
+    watch it (heartbeat, stop requests, a stalled source), open the status tables, serve
+    ``/metrics``, run, and publish the final state."""
     stop = threading.Event()
     writer = starting(stop, config.settings, "reading its status", lambda: StatusWriter(lake, name, lease))
     # Say "starting" at once: a snapshot left by a killed run must not read as a stale live job
@@ -325,151 +320,10 @@ def _run_leased(
         raise
     token = lease.record.holder.token
     starting(stop, config.settings, "clearing a stop request", lambda: clear_stale_stop(lake, name, token))
-    handlers = _on_signals(stop)
-    trackers: list[Tracker] = []  # the progress tracker, once there is a pipeline to track
-
-    def on_step(step: str) -> None:
-        if step == "minted":  # a fresh probe: the lag a progress snapshot shows is current now
-            for tracker in trackers:
-                tracker.probed()
-
-    pipeline = starting(
-        stop,
-        config.settings,
-        "opening its tables",
-        lambda: Pipeline(
-            name,
-            lake,
-            source,
-            data_plane=plane,
-            settings=config.settings,
-            maintenance=config.maintenance,
-            windows=config.windows,
-            layouts=config.layouts,
-            fence=lease.check,
-            shapes=config.shapes,
-            on_step=on_step,
-        ),
-    )
-    status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
-    tracker = None
-    if progress is not None:
-        tracker = Tracker(_view(progress), pipeline, status)
-        trackers.append(tracker)
-
-    def beat() -> None:
-        if not lease.lost:  # a driver that lost the pipeline no longer speaks for it
-            status_publish.heartbeat(writer, status)
-
-    def slow(waited: float) -> None:  # the loop waits in the probe: the snapshot is the watcher's to say
-        error = (
-            f"the {config.source['kind']} source has not answered for {waited:.0f} s (down, or unreachable?); "
-            "the job waits for it and goes on when it answers"
-        )
-        log.warning("pipeline %s: stalled: %s", name, error)
-        if not lease.lost:
-            status_publish.say(writer, status, health=Health.STALLED.value, last_error=error)
-
-    asked = functools.partial(stop_asked, lake, name, token)
-    poll_s = max(config.settings.batch_interval, _STOP_POLL_S) if lake.store.remote else 0.0
-    probing = pipeline.minter.probing_for
-    watcher = threading.Thread(target=watch, args=(asked, stop, max_seconds, beat, probing, slow, poll_s), daemon=True)
-    watcher.start()
-    tables = StatusTables(lake, retention_days=config.status_retention_days, fence=lease.check)
-    config_json = json.dumps(redacted(config.to_dict()), sort_keys=True)
-    status_rows.record_state(tables, pipeline, config_json)
-    restore_history(lake, tables, pipeline)
-    first_offsets: dict[str, int] = {}
-    metrics = None
-    if config.metrics_port is not None:  # prometheus_client costs a second of start-up: only when served
-        from reclock.job.metrics import Metrics
-
-        metrics = Metrics(pipeline)
-        try:
-            status.metrics_port = metrics.serve(config.metrics_port, config.metrics_host)
-        except OSError as exc:  # a port in use, an address this machine does not have
-            source.close()
-            refusal = ConfigError(
-                "pipeline.metrics_port",
-                f"cannot serve /metrics on {config.metrics_host}:{config.metrics_port}: {exc.strerror or exc}; "
-                "choose another metrics_port (0 picks a free one) or metrics_host (reclock start --metrics-host)",
-            )
-            stop.set()  # the watcher too
-            for sig, handler in handlers.items():
-                signal.signal(sig, handler)
-            status_publish.say(writer, replace(status, health=Health.FAILED.value, last_error=str(refusal)))
-            raise refusal from None
-    log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, pipeline.resume_upper)
-
-    names: dict[Partition, str] = {}  # encoded partitions, for the published resume frontier
-
-    def publish(p: Pipeline, *, if_changed: bool = False) -> None:
-        if not lease.lost:  # the pipeline's snapshot is its new driver's to write now
-            status_publish.publish(writer, p, status, names, if_changed=if_changed)
-
-    def on_batch(report: BatchReport) -> None:
-        if report.state is BatchState.SUCCEEDED:
-            status.batches += 1
-        if report.maintenance is not None:
-            status.last_maintenance = {"at_ms": wall_clock_ms(), **asdict(report.maintenance)}
-        for output, rows in report.rows.items():
-            status.rows[output] = status.rows.get(output, 0) + rows
-        status_rows.record_batch(tables, pipeline, report, first_offsets)
-        if metrics is not None:
-            metrics.observe(report)
-        _log_batch(report)
-        publish(pipeline, if_changed=report.idle)  # an idle step changes nothing the heartbeat does not
-        if tracker is not None:
-            tracker.batch(report)
-        if until is not None and pipeline.resume_upper > until:
-            stop.set()
-
-    if until is not None and pipeline.resume_upper > until:
-        stop.set()
-    try:
-        pipeline.run(
-            stop,
-            on_batch=on_batch,
-            on_health=lambda p: publish(p, if_changed=True),  # heard after every batch too: once is enough
-            on_start=lambda report: tables.append("batches", [status_rows.in_progress(pipeline, report)]),
-        )
-    except Exception:
-        if pipeline.health is not Health.FAILED:
-            raise
-    finally:
-        stop.set()
-        if tracker is not None:  # its last snapshot, while /metrics still answers
-            tracker.close()
-        if not lease.lost:  # the pipeline's state is its new driver's to say now
-            status_rows.record_state(tables, pipeline, config_json)
-        tables.close()
-        if metrics is not None:
-            metrics.close()
-        publish(pipeline)
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    return pipeline
-
-
-def _view(progress: TextIO | ProgressView) -> ProgressView:
-    """A text stream gets the plain progress line; anything else is a view that draws its own."""
-    return progress if isinstance(progress, ProgressView) else PlainLines(progress)
-
-
-def _log_batch(report: BatchReport) -> None:
-    """INFO for a batch that committed, DEBUG for an idle step; failures are logged where they happen."""
-    if report.idle:
-        log.debug("idle: no new data")
-    elif report.state is BatchState.SUCCEEDED:
-        rows = ", ".join(f"{output} {n}" for output, n in sorted(report.rows.items()))
-        with logs.batch_scope(report.binding_ts):
-            log.info("committed in %d ms, rows: %s", report.duration_ms, rows or "none")
-
-
-def _on_signals(stop: threading.Event) -> dict[signal.Signals, _Handler]:
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    previous: dict[signal.Signals, _Handler] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, lambda *_: stop.set())
-    return previous
+    job = LeasedRun(lake, name, config, lease, writer, stop, on_signals(stop))
+    job.open_pipeline(source, plane, progress)
+    job.watch(token, max_seconds)
+    job.open_tables()
+    job.serve_metrics(source)
+    log.info("job started: engine %s, lake %s, resume upper %d", config.engine, lake.root, job.pipeline.resume_upper)
+    return job.run(until)

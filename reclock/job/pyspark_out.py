@@ -37,6 +37,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
+from reclock.envelope import DEBEZIUM
 from reclock.errors import ConfigError
 from reclock.job.plugins import source_class, source_options
 from reclock.sources.base import ERRORS, ERRORS_SCHEMA, LINEAGE_FIELDS, Source, Split, debezium_schema
@@ -234,7 +235,7 @@ def _output_schema(source: Source, output: str) -> pa.Schema:
         own = ERRORS_SCHEMA
     else:
         spec = next(o for o in source.outputs() if o.name == output)
-        own = debezium_schema(spec.schema) if spec.envelope == "debezium" else spec.schema
+        own = debezium_schema(spec.schema) if spec.envelope == DEBEZIUM else spec.schema
     return pa.schema([*LINEAGE_FIELDS, *own])
 
 

@@ -41,7 +41,24 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
     """
     if report.idle:
         return
-    files_source = isinstance(pipeline.source, FileStates)
+    tables.append("batches", _batch_rows(pipeline, report))
+    tables.append("errors", _error_rows(pipeline, report))
+    files = []
+    if report.state is BatchState.SUCCEEDED:
+        files_source = isinstance(pipeline.source, FileStates)
+        if files_source:
+            loaded = [r for r in report.results if not isinstance(r.split, RedriveSplit)]  # a redrive loads no file
+            files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in loaded]
+            files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
+        for r in report.results:
+            if r.earliest is not None:
+                first[r.partition] = min(first.get(r.partition, r.earliest), r.earliest)
+        tables.append("offsets", _offset_rows(pipeline, report, first, files_source))
+    tables.append("files", [row for row in files if row is not None])
+
+
+def _batch_rows(pipeline: Pipeline, report: BatchReport) -> list[dict]:
+    """The ``batches`` rows of a batch that ended: one per split, or one saying it had no data."""
     phases = {f"{phase}_ms": ms for phase, ms in report.phases.items()}
     if report.maintenance is not None:
         phases["maintenance_ms"] = report.maintenance.duration_ms
@@ -77,52 +94,44 @@ def record_batch(tables: StatusTables, pipeline: Pipeline, report: BatchReport, 
                 **phases,
             }
         )
-    tables.append("batches", rows)
-    failed = [r for r in report.results if r.error]
-    tables.append(
-        "errors",
-        [
-            {
-                "pipeline": pipeline.name,
-                "kind": f"batch {r.error_kind}",
-                "code": (r.error or "").split(":", 1)[0],
-                "message": r.error,
-                "batch_id": report.binding_ts,
-                "partition": r.partition,
-                "offset": r.split.start,
-            }
-            for r in failed
-        ],
-    )
-    files = []
-    if report.state is BatchState.SUCCEEDED:
-        if files_source:
-            loaded = [r for r in report.results if not isinstance(r.split, RedriveSplit)]  # a redrive loads no file
-            files += [_file_row(pipeline, r.split.partition, r.split.end, "Loaded", report) for r in loaded]
-            files += [_file_row(pipeline, s.partition, s.end, "Skipped", report) for s in report.skips]
-        for r in report.results:
-            if r.earliest is not None:
-                first[r.partition] = min(first.get(r.partition, r.earliest), r.earliest)
-        resume = pipeline.resume_frontier()
-        probe = pipeline.minter.last_probe  # how far the source was: lag over time is probe - loaded
-        tables.append(
-            "offsets",
-            [
-                {
-                    "pipeline": pipeline.name,
-                    "partition": encode_partition(p),
-                    "earliest": first.get(encode_partition(p)),
-                    "latest": o,
-                    "latest_loaded": o if resume.is_closed else resume.offset(p),
-                    "source_latest": None if probe is None or probe.is_closed else probe.offset(p),
-                }
-                for p, o in report.upper.items()
-                # A file's offsets never change once it is loaded: a files batch writes the files it
-                # moved, not a row for every file ever loaded (``reclock files`` is the full view).
-                if not files_source or o != report.lower.offset(p)
-            ],
-        )
-    tables.append("files", [row for row in files if row is not None])
+    return rows
+
+
+def _error_rows(pipeline: Pipeline, report: BatchReport) -> list[dict]:
+    """The ``errors`` rows of a batch: one per split that failed."""
+    return [
+        {
+            "pipeline": pipeline.name,
+            "kind": f"batch {r.error_kind}",
+            "code": (r.error or "").split(":", 1)[0],
+            "message": r.error,
+            "batch_id": report.binding_ts,
+            "partition": r.partition,
+            "offset": r.split.start,
+        }
+        for r in report.results
+        if r.error
+    ]
+
+
+def _offset_rows(pipeline: Pipeline, report: BatchReport, first: dict[str, int], files_source: bool) -> list[dict]:
+    """The ``offsets`` rows of a batch that succeeded: per partition it moved, how far it is loaded."""
+    resume = pipeline.resume_frontier()
+    probe = pipeline.minter.last_probe  # how far the source was: lag over time is probe - loaded
+    return [
+        {
+            "pipeline": pipeline.name,
+            "partition": encode_partition(p),
+            "earliest": first.get(encode_partition(p)),
+            "latest": o,
+            "latest_loaded": o if resume.is_closed else resume.offset(p),
+            "source_latest": None if probe is None or probe.is_closed else probe.offset(p),
+        }
+        for p, o in report.upper.items()
+        # A file's offsets never change once it is loaded: a files batch writes the files it
+        # moved, not a row for every file ever loaded (``reclock files`` is the full view).
+        if not files_source or o != report.lower.offset(p)
+    ]
 
 
 def in_progress(pipeline: Pipeline, report: BatchReport) -> dict:

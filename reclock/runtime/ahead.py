@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reclock.errors import ContractError
-from reclock.persist.sink import DataFile
+from reclock.persist.data_files import DataFile
 from reclock.persist.store import LakePath, Store
 from reclock.runtime.task import SplitResult
 from reclock.sources.base import Split

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from reclock.persist.data_files import DataFile
 from reclock.persist.remap import Skip
-from reclock.persist.sink import DataFile
 from reclock.runtime.ranges import BatchRange
 from reclock.runtime.reports import BatchReport
 from reclock.runtime.task import BatchPlan, SplitResult

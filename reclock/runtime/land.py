@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from reclock.errors import ContractError, DefiniteSourceError, ErrorKind, TransientError
+from reclock.persist.data_files import DataFile, discard_data_file
 from reclock.persist.evolution import SchemaEvolutionError, refuse_new_fields
-from reclock.persist.sink import DataFile, discard_data_file
 from reclock.runtime.ahead import Landing
 from reclock.runtime.batch import Batch
 from reclock.runtime.driver import Driver

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+from reclock.envelope import APPEND, ENVELOPES
 from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
 from reclock.persist.layout import OutputLayout, output_layouts
@@ -48,9 +49,9 @@ def _check(output: Output, outputs: Mapping[str, Output]) -> None:
         raise ConfigError("outputs", f"output name {output.name!r} must be an identifier not starting with '_'")
     if output.name in outputs:
         raise ConfigError("outputs", f"output {output.name!r} is declared twice")
-    if output.envelope not in ("append", "upsert", "debezium"):
+    if output.envelope not in ENVELOPES:
         raise ConfigError("outputs", f"output {output.name!r}: unknown envelope {output.envelope!r}")
-    if output.envelope != "append" and not output.key:
+    if output.envelope != APPEND and not output.key:
         raise ConfigError("outputs", f"output {output.name!r}: a {output.envelope} output needs key columns")
     missing = [k for k in output.key if k not in output.schema.names]
     if missing:

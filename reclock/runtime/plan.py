@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from reclock.envelope import APPEND
 from reclock.errors import ContractError
 from reclock.runtime.ahead import Landing
 from reclock.runtime.batch import Batch
@@ -86,7 +87,7 @@ def task_plan(
         roots={name: str(sink.path if name in appends else sink.write_root) for name, sink in sinks.items()},
         schemas={name: sink.schema if name in appends else sink.write_schema for name, sink in sinks.items()},
         file_rows=driver.settings.file_rows,
-        envelopes={o.name: (o.envelope, o.key) for o in driver.outputs.values() if o.envelope != "append"},
+        envelopes={o.name: (o.envelope, o.key) for o in driver.outputs.values() if o.envelope != APPEND},
         store=driver.lake.store,
         layouts=driver.layouts,
         added={name: sink.added for name, sink in sinks.items() if sink.added},

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.envelope import APPEND, DEBEZIUM
 from reclock.errors import ContractError
 from reclock.persist.layout import INTO_DATE, PARTITION_ERROR, into_dates, to_delta_type, unplaceable
 from reclock.persist.merge import UNSENT
@@ -26,7 +27,7 @@ def unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.Rec
     """Give upsert and debezium batches the row columns plus ``_deleted``, ``_truncated`` (false
     unless the source marks a TRUNCATE) and ``_unsent`` (null unless the source names columns a
     record did not send, :data:`~reclock.persist.merge.UNSENT`); append passes through."""
-    if envelope == "append":
+    if envelope == APPEND:
         return batch
     batch = _deletes(batch, envelope, key)
     if batch.schema.get_field_index(TRUNCATED) < 0:
@@ -38,7 +39,7 @@ def unwrap(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.Rec
 
 def _deletes(batch: pa.RecordBatch, envelope: str, key: tuple[str, ...]) -> pa.RecordBatch:
     """``_deleted``: a debezium ``d``, the source's own column, or an upsert record of nulls only."""
-    if envelope == "debezium":
+    if envelope == DEBEZIUM:
         deleted = pc.fill_null(pc.equal(batch.column("op"), "d"), False)
         before, after = batch.column("before"), batch.column("after")
         names = [f.name for f in after.type]

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from reclock.persist.data_files import DataFile, write_data_file
 from reclock.persist.remap import REREAD_START, Skip
-from reclock.persist.sink import DataFile, write_data_file
 from reclock.runtime.driver import Driver
 from reclock.runtime.reports import BatchReport
 from reclock.runtime.rows import output_rows

@@ -36,10 +36,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.envelope import APPEND
 from reclock.errors import ContractError, ErrorKind, classify, describe
+from reclock.persist.data_files import DataFile, discard_data_file, write_data_files
 from reclock.persist.evolution import evolve
 from reclock.persist.layout import OutputLayout
-from reclock.persist.sink import DELETED, TRUNCATED, DataFile, discard_data_file, write_data_files
+from reclock.persist.sink import DELETED, TRUNCATED
 from reclock.persist.store import LOCAL, Store
 from reclock.runtime.redrives import RedriveSplit, redriven_routes, refusal_rows
 from reclock.runtime.rows import output_rows, split_null_keys, split_unplaceable, unwrap
@@ -341,7 +343,7 @@ class _Task:
         keep = into >= floor
         if not keep.any():
             return []
-        envelope, key = plan.envelopes.get(output, ("append", ()))
+        envelope, key = plan.envelopes.get(output, (APPEND, ()))
         new: dict[str, pa.Array] = {}
         layout = plan.layouts.get(output, _PLAIN)
         if layout.schema_evolution != "none" or output in plan.added:  # added columns: null if no field

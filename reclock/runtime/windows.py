@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from reclock.envelope import APPEND
 from reclock.errors import ConfigError
 
 __all__ = [
@@ -346,7 +347,7 @@ def check_windows(windows: Iterable[Window], outputs: Sequence[Any]) -> None:
             if output is None:
                 known = ", ".join(sorted(by_name)) or "none"
                 raise ConfigError(f"{where}.output", f"the pipeline has no output {window.output!r} (known: {known})")
-            if output.envelope != "append":
+            if output.envelope != APPEND:
                 raise ConfigError(
                     f"{where}.output",
                     f"{window.output!r} is an {output.envelope} output; windows read append outputs only "

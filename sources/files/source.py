@@ -105,6 +105,38 @@ class FilesSource(SourceBase, GroupReads, FileStates, KeepsUnknownFields):
         """
         self.store, self.pattern = FileStore.at(path, storage_options)
         self.root = self.store.root
+        self._check_reading(
+            format=format,
+            output=output,
+            csv_header=csv_header,
+            csv_delimiter=csv_delimiter,
+            csv_quote=csv_quote,
+            on_record_error=on_record_error,
+        )
+        self._check_listing(
+            max_files_per_batch=max_files_per_batch,
+            settle_seconds=settle_seconds,
+            generations_path=generations_path,
+            generations_reader=generations_reader,
+            follow_links_outside=follow_links_outside,
+            split_bytes=split_bytes,
+            csv_multiline=csv_multiline,
+            now=now,
+        )
+        self._probe = self._new_probe()
+        self._take_schema(columns)
+
+    def _check_reading(
+        self,
+        *,
+        format: str | None,
+        output: str,
+        csv_header: bool,
+        csv_delimiter: str,
+        csv_quote: str,
+        on_record_error: str,
+    ) -> None:
+        """:meth:`__init__`'s first checks: how a file is read (format, output, CSV dialect, bad records)."""
         if format is not None and format not in FORMATS:
             raise ConfigError("format", f"must be one of {', '.join(FORMATS)} (or unset to infer it), got {format!r}")
         # Checked against FORMATS just above; mypy narrows no str to a Literal by membership.
@@ -120,6 +152,20 @@ class FilesSource(SourceBase, GroupReads, FileStates, KeepsUnknownFields):
         if self.csv_delimiter == self.csv_quote:
             raise ConfigError("csv_delimiter", f"must differ from csv_quote ({csv_quote!r})")
         self.on_record_error = check_record_error_policy(on_record_error)
+
+    def _check_listing(
+        self,
+        *,
+        max_files_per_batch: int,
+        settle_seconds: float,
+        generations_path: str | os.PathLike[str] | None,
+        generations_reader: Callable[[], str | None] | None,
+        follow_links_outside: bool,
+        split_bytes: int,
+        csv_multiline: bool,
+        now: Callable[[], int] | None,
+    ) -> None:
+        """:meth:`__init__`'s next checks: which files a batch takes, and when, and in how many pieces."""
         if not isinstance(max_files_per_batch, int) or isinstance(max_files_per_batch, bool) or max_files_per_batch < 1:
             raise ConfigError("max_files_per_batch", f"must be an integer >= 1, got {max_files_per_batch!r}")
         self.max_files_per_batch = max_files_per_batch
@@ -151,7 +197,9 @@ class FilesSource(SourceBase, GroupReads, FileStates, KeepsUnknownFields):
         if now is not None and not callable(now):
             raise ConfigError("now", f"must be a callable returning ms since the epoch, got {now!r}")
         self._now: Callable[[], int] = now if now is not None else _wall_clock_ms
-        self._probe = self._new_probe()
+
+    def _take_schema(self, columns: Mapping[str, str] | None) -> None:
+        """:meth:`__init__`'s last step: the schema, as declared or read from the first Parquet file, and the reader."""
         if columns is None:
             if self.format != "parquet":
                 raise ConfigError(
@@ -164,14 +212,14 @@ class FilesSource(SourceBase, GroupReads, FileStates, KeepsUnknownFields):
         else:
             self.schema = check_columns(columns)
         self._reader = FileReader(
-            output,
+            self.output,
             self.schema,
-            csv_header,
+            self.csv_header,
             self.csv_delimiter,
             self.csv_quote,
-            on_record_error == "fail",
+            self.on_record_error == "fail",
             self.store,
-            csv_multiline,
+            self.csv_multiline,
         )
 
     @classmethod

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from reclock.envelope import APPEND, DEBEZIUM, ENVELOPES
 from reclock.errors import ConfigError
 from reclock.sources.base import Output, debezium_schema
 from reclock.sources.decode import Decoder, RegistryDecoder, as_schema, make_decoder, make_registry_decoder
@@ -283,53 +284,17 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
     catch_all = "topics" not in spec and "pattern" not in spec
     if catch_all:
         compiled = re.compile(".*", re.DOTALL)
-    envelope = spec.get("envelope", "append")
-    if envelope not in ("append", "upsert", "debezium"):
+    envelope = spec.get("envelope", APPEND)
+    if envelope not in ENVELOPES:
         raise ConfigError(f"{where}.envelope", f"must be append, upsert or debezium, got {envelope!r}")
     row_schema = as_schema(opts["schema"], field=f"{where}.format.schema")
-    if envelope == "debezium" and (opts["format"] != "json" or row_schema is None):
+    if envelope == DEBEZIUM and (opts["format"] != "json" or row_schema is None):
         raise ConfigError(f"{where}.envelope", 'debezium needs format = "json" and the row\'s schema')
-    decoder: Decoder | RegistryDecoder
-    if opts.get("schema_registry") is not None or opts["format"] == "protobuf":
-        if envelope == "debezium":
-            raise ConfigError(f"{where}.envelope", "debezium reads plain JSON, not registry formats")
-        decoder = make_registry_decoder(
-            opts["format"],
-            opts["schema"],
-            schema_registry=opts.get("schema_registry"),
-            reader_schema=opts.get("reader_schema"),
-            default_subject=f"{route_topics[0]}-value" if len(route_topics) == 1 else None,
-            field=where,
-        )
-    else:
-        decoder = make_decoder(
-            opts["format"],
-            debezium_schema(row_schema) if envelope == "debezium" else opts["schema"],
-            delimiter=opts["delimiter"],
-            quote_char=opts["quote_char"],
-            avro_schema=opts["avro_schema"],
-            confluent=opts["confluent"],
-            avro_writer_schemas=opts["avro_writer_schemas"],
-            field=f"{where}.format",
-        )
+    decoder = _value_decoder(where, envelope, opts, row_schema, route_topics)
     key_format = opts["key_format"]
-    if key_format not in KEY_FORMATS:
-        raise ConfigError(f"{where}.key_format", f"must be one of {', '.join(KEY_FORMATS)}, got {key_format!r}")
-    key_decoder = None
-    if key_format not in ("bytes", "text"):
-        if opts.get("schema_registry") is None:
-            raise ConfigError(f"{where}.key_format", f"{key_format!r} keys need schema_registry")
-        key_decoder = make_registry_decoder(
-            key_format,
-            None,
-            schema_registry=opts["schema_registry"],
-            reader_schema=opts.get("key_schema"),
-            default_subject=f"{route_topics[0]}-key" if len(route_topics) == 1 else None,
-            field=where,
-            reader_field="key_schema",
-        )
+    key_decoder = _key_decoder(where, key_format, opts, route_topics)
     metadata = _check_metadata(opts["metadata"], f"{where}.metadata")
-    fields = list(row_schema) if row_schema is not None and envelope == "debezium" else list(decoder.schema)
+    fields = list(row_schema) if row_schema is not None and envelope == DEBEZIUM else list(decoder.schema)
     for meta, column in metadata:
         ftype = METADATA_COLUMNS[meta]
         if meta == "key" and key_format == "text":
@@ -350,6 +315,52 @@ def _build_route(name: str, spec: dict[str, Any], defaults: dict[str, Any]) -> K
         raise ConfigError(f"{where}.key", f"key column {missing[0]!r} is not a column of the output")
     output = Output(name, pa.schema(fields), key, envelope)
     return KafkaRoute(name, frozenset(route_topics), compiled, decoder, metadata, key_format, output, key_decoder)
+
+
+def _value_decoder(
+    where: str, envelope: str, opts: dict[str, Any], row_schema: pa.Schema | None, topics: Sequence[str]
+) -> Decoder | RegistryDecoder:
+    """An output's value decoder: a schema registry's (or protobuf's), or a plain format's."""
+    if opts.get("schema_registry") is not None or opts["format"] == "protobuf":
+        if envelope == DEBEZIUM:
+            raise ConfigError(f"{where}.envelope", "debezium reads plain JSON, not registry formats")
+        return make_registry_decoder(
+            opts["format"],
+            opts["schema"],
+            schema_registry=opts.get("schema_registry"),
+            reader_schema=opts.get("reader_schema"),
+            default_subject=f"{topics[0]}-value" if len(topics) == 1 else None,
+            field=where,
+        )
+    return make_decoder(
+        opts["format"],
+        debezium_schema(row_schema) if envelope == DEBEZIUM else opts["schema"],
+        delimiter=opts["delimiter"],
+        quote_char=opts["quote_char"],
+        avro_schema=opts["avro_schema"],
+        confluent=opts["confluent"],
+        avro_writer_schemas=opts["avro_writer_schemas"],
+        field=f"{where}.format",
+    )
+
+
+def _key_decoder(where: str, key_format: str, opts: dict[str, Any], topics: Sequence[str]) -> RegistryDecoder | None:
+    """An output's key decoder, for keys in a registry format; ``None`` for ``bytes`` and ``text`` keys."""
+    if key_format not in KEY_FORMATS:
+        raise ConfigError(f"{where}.key_format", f"must be one of {', '.join(KEY_FORMATS)}, got {key_format!r}")
+    if key_format not in ("bytes", "text"):
+        if opts.get("schema_registry") is None:
+            raise ConfigError(f"{where}.key_format", f"{key_format!r} keys need schema_registry")
+        return make_registry_decoder(
+            key_format,
+            None,
+            schema_registry=opts["schema_registry"],
+            reader_schema=opts.get("key_schema"),
+            default_subject=f"{topics[0]}-key" if len(topics) == 1 else None,
+            field=where,
+            reader_field="key_schema",
+        )
+    return None
 
 
 def _check_metadata(metadata: Any, where: str) -> tuple[tuple[str, str], ...]:

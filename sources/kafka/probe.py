@@ -47,7 +47,8 @@ from typing import Any
 from reclock.errors import DefiniteSourceError, describe
 from reclock.sources.kafka.clients import KafkaClients, SourceTimeout, bounded, close_client, is_transient
 from reclock.sources.kafka.config import Routing
-from reclock.sources.kafka.fetcher import ends, fetch_request, lease, metadata
+from reclock.sources.kafka.fetcher import lease
+from reclock.sources.kafka.requests import ends, fetch_request, metadata
 from reclock.sources.kafka.transactions import first_batch
 from reclock.timeline.frontier import Frontier
 
@@ -260,7 +261,7 @@ class Prober:
 
         Each partition is fetched from its last known end, or for a partition seen for the first
         time from offset 0; the answer is what the fetch response carries. The fetch caps its
-        response at one byte (:func:`~reclock.sources.kafka.fetcher.ends`), so where it asks
+        response at one byte (:func:`~reclock.sources.kafka.requests.ends`), so where it asks
         costs the broker nothing (``end_offsets() - 1`` was asked as a hint before the cap, one
         more round trip). First one raw fetch per leader on a pooled client
         (:meth:`_fetch_probe`). The partitions it leaves unanswered (no leader known to the

@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from reclock.envelope import DEBEZIUM
 from reclock.errors import ConfigError
 from reclock.sources.base import (
     GroupReads,
@@ -184,7 +185,7 @@ class KafkaSource(SourceBase, GroupReads, SettableOffsets, KeepsUnknownFields):
         routes = []
         for route in self._routing.routes:
             if route.name in outputs:
-                if route.decoder.format not in ("json", "avro", "protobuf") or route.output.envelope == "debezium":
+                if route.decoder.format not in ("json", "avro", "protobuf") or route.output.envelope == DEBEZIUM:
                     raise ConfigError(
                         f"outputs.{route.name}.schema_evolution",
                         f"a {route.decoder.format} {route.output.envelope} output has no fields to evolve",

@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from reclock.envelope import APPEND, UPSERT
 from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import Output
 from reclock.sources.postgres.columns import UNHELD, arrow_type, may_be_unheld
@@ -82,13 +83,13 @@ class TableSpec:
 
     def as_output(self, envelope: str) -> Output:
         """``upsert``: the table's own columns, keyed; ``append``: one change row per change."""
-        if envelope == "upsert":
-            return Output(self.output, self.row_schema, key=self.key, envelope="upsert")
+        if envelope == UPSERT:
+            return Output(self.output, self.row_schema, key=self.key, envelope=UPSERT)
         row = pa.struct(list(self.row_schema))
         return Output(
             self.output,
             pa.schema([pa.field("before", row), pa.field("after", row), *CHANGE_COLUMNS]),
-            envelope="append",
+            envelope=APPEND,
         )
 
 
@@ -149,7 +150,7 @@ def describe(cursor: Any, tables: Sequence[TableName], envelope: str) -> tuple[T
                 f"table {table.qualified} has no usable replica identity (its updates and deletes do not say which "
                 f"row they change): run ALTER TABLE {table.quoted} REPLICA IDENTITY FULL, or give it a primary key",
             )
-        if envelope == "upsert" and not key:
+        if envelope == UPSERT and not key:
             raise ConfigError(
                 "tables",
                 f"table {table.qualified} has no primary key to upsert by: add one (ALTER TABLE {table.quoted} "

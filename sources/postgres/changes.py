@@ -52,6 +52,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.envelope import UPSERT
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.pgoutput import UNCHANGED
@@ -197,7 +198,7 @@ class ChangeBatches:
     ) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Add the changes ``(output, change)`` of one committed transaction, in their order, at
         source time ``offset``; ``lsn`` is its commit LSN (the snapshot's: the slot's consistent point)."""
-        if self.envelope == "upsert":
+        if self.envelope == UPSERT:
             changes = self._last_per_key(offset, changes)
         waiting = self._waiting
         counts: dict[str, int] = {}
@@ -220,7 +221,7 @@ class ChangeBatches:
     def takes_columns(self, output: str) -> bool:
         """Whether :meth:`columns` can take ``output``'s changes: an ``upsert`` output whose
         unknown fields are not kept (every other output takes :meth:`transaction`)."""
-        return self.envelope == "upsert" and output in self.specs and output not in self.unknown
+        return self.envelope == UPSERT and output in self.specs and output not in self.unknown
 
     def columns(self, changes: ChangeColumns) -> Iterator[tuple[str, pa.RecordBatch]]:
         """Add the changes of committed transactions given column by column, exactly as
@@ -336,7 +337,7 @@ class ChangeBatches:
     def _batch(self, output: str, pending: _Pending) -> Iterator[tuple[str, pa.RecordBatch]]:
         spec = self.specs[output]
         n = len(pending)
-        if self.envelope == "upsert":
+        if self.envelope == UPSERT:
             rows = [new if new is not None else old for new, old in zip(pending.news, pending.olds, strict=True)]
             # a value the server did not send (unchanged TOAST) lands null, named in _unsent: the
             # sink's MERGE keeps the output's value of it (an earlier record's, or the table's)

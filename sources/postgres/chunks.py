@@ -33,6 +33,7 @@ from collections.abc import Collection, Iterator
 import numpy as np
 import pyarrow as pa
 
+from reclock.envelope import UPSERT
 from reclock.sources.base import ERRORS, RecordError, error_batch
 from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.changes import DELETED, TRUNCATED, UNSENT
@@ -114,7 +115,7 @@ def chunk_batches(
         pa.repeat(pa.scalar(partition, pa.string()), kept),
         pa.array(np.full(kept, offset, dtype=np.int64)),
     ]
-    if envelope == "upsert":
+    if envelope == UPSERT:
         falses = pa.array(np.zeros(kept, dtype=bool))
         arrays = [*lineage, *typed, falses, falses, pa.nulls(kept, pa.list_(pa.string()))]
         names = [PARTITION, OFFSET, *spec.row_schema.names, DELETED, TRUNCATED, UNSENT]

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
+from reclock.envelope import APPEND, UPSERT, Envelope
 from reclock.errors import ConfigError
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
     "slot_name",
 ]
 
-ENVELOPES = ("upsert", "append")
+ENVELOPES = (UPSERT, APPEND)
 #: A ``tables`` entry that names every table of the publication, those joining it later too.
 WHOLE_PUBLICATION = "*"
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -84,7 +84,7 @@ def slot_name(pipeline: str) -> str:
 class PostgresOptions:
     dsn: str
     tables: tuple[TableName, ...]
-    envelope: Literal["upsert", "append"]
+    envelope: Envelope
     slot: str
     publication: str
     snapshot: bool

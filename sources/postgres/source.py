@@ -43,6 +43,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from reclock.envelope import UPSERT
 from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import (
     AsksFirst,
@@ -119,7 +120,7 @@ class PostgresSource(PostgresProbe, SourceBase, GroupReads, GrowsOutputs, Awaits
         dsn: str,
         *,
         tables: Sequence[str],
-        envelope: str = "upsert",
+        envelope: str = UPSERT,
         slot: str | None = None,
         publication: str | None = None,
         snapshot: bool = True,
@@ -259,7 +260,7 @@ class PostgresSource(PostgresProbe, SourceBase, GroupReads, GrowsOutputs, Awaits
         if that key is still the one the outputs were made for (a key pinned at the first start
         and since changed on the server promises nothing). A batch with a replication range
         may update or delete any key: none."""
-        if self.options.envelope != "upsert" or not splits:
+        if self.options.envelope != UPSERT or not splits:
             return frozenset()
         chunks = [split.chunk for split in splits if isinstance(split, ChunkSplit) and split.chunk is not None]
         if len(chunks) < len(splits):

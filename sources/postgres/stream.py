@@ -58,11 +58,10 @@ from reclock.sources.postgres.pgoutput import (
     Relation,
     Truncate,
     Tuple,
-    decode_changes,
-    decode_columns,
     decode_message,
     lsn_text,
 )
+from reclock.sources.postgres.pgoutput_bulk import decode_changes, decode_columns
 
 __all__ = ["read_range"]
 
@@ -145,7 +144,7 @@ def read_range(
         conn.close()
 
 
-#: Row changes decoded together (:func:`~reclock.sources.postgres.pgoutput.decode_changes`): the
+#: Row changes decoded together (:func:`~reclock.sources.postgres.pgoutput_bulk.decode_changes`): the
 #: committed transactions read so far are decoded and handed on once they hold this many.
 DECODE_ROWS = 20_000
 
@@ -190,7 +189,7 @@ class _Committed:
 
     def as_columns(self, batches: ChangeBatches) -> ChangeColumns | None:
         """The row changes as columns, if every output takes them and each table's messages are
-        of the plain kind (:func:`~reclock.sources.postgres.pgoutput.decode_columns`); else ``None``."""
+        of the plain kind (:func:`~reclock.sources.postgres.pgoutput_bulk.decode_columns`); else ``None``."""
         groups: dict[int, tuple[_Columns, list[int]]] = {}
         for i, columns in enumerate(self.columns):
             group = groups.get(id(columns))

@@ -24,9 +24,10 @@ from deltalake.exceptions import CommitFailedError
 from reclock.errors import FencedError
 from reclock.job.status import read_status
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
+from reclock.persist.data_files import write_data_file
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
-from reclock.persist.sink import OutputSink, table_schema, write_data_file
+from reclock.persist.sink import OutputSink, table_schema
 from reclock.timeline.frontier import Frontier, encode_partition
 from tests import zygote
 from tests.cli import reclock_in_process

@@ -16,9 +16,10 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from reclock.errors import FencedError
+from reclock.persist.data_files import write_data_file
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
-from reclock.persist.sink import OutputSink, table_schema, write_data_file
+from reclock.persist.sink import OutputSink, table_schema
 from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import DistinctInserts, Output, Split
 from reclock.testing import CrashAt, FakeClock, MemorySource, SimulatedCrash

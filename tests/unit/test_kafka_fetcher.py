@@ -11,7 +11,7 @@ from kafka.net.compat import KafkaNetClient
 from kafka.net.manager import KafkaConnectionManager
 from kafka.protocol.consumer import FetchRequest
 
-from reclock.sources.kafka.fetcher import _PARTITION, _TOPIC
+from reclock.sources.kafka.requests import _PARTITION, _TOPIC
 
 
 def test_the_consumer_lends_its_connection_manager():

@@ -17,17 +17,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reclock.sources.postgres import pgoutput
+from reclock.sources.postgres import pgoutput_bulk as pgoutput
 from reclock.sources.postgres.pgoutput import (
     UNCHANGED,
     Delete,
     Insert,
     PgOutputError,
     Update,
-    decode_changes,
-    decode_columns,
     decode_message,
 )
+from reclock.sources.postgres.pgoutput_bulk import decode_changes, decode_columns
 
 # -- an encoder of the test's own --------------------------------------------------------------
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from reclock.persist.data_files import write_data_file
 from reclock.persist.read import read_table
-from reclock.persist.sink import OutputSink, table_schema, write_data_file
+from reclock.persist.sink import OutputSink, table_schema
 
 OWN = pa.schema([("x", pa.int64())])
 

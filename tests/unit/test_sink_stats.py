@@ -23,7 +23,8 @@ from deltalake import DeltaTable, QueryBuilder
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reclock.persist.sink import OutputSink, _stats_json, table_schema, write_data_file
+from reclock.persist.data_files import _stats_json, write_data_file
+from reclock.persist.sink import OutputSink, table_schema
 
 _UTC = dt.UTC
 

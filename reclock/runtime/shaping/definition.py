@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from reclock.envelope import APPEND
 from reclock.errors import ConfigError
 from reclock.persist.lake import NAME_PATTERN
 from reclock.runtime.shaping.engine import inspect, run_sql
@@ -130,7 +131,7 @@ def route_outputs(
         if source is None or shape.source_output == ERRORS:
             known = ", ".join(sorted(n for n in outputs if n != ERRORS))
             raise ConfigError(f"{where}.from", f"the source has no output {shape.source_output!r} (it has: {known})")
-        if source.envelope != "append":
+        if source.envelope != APPEND:
             raise ConfigError(
                 f"{where}.from", f"output {source.name!r} is {source.envelope}: only append outputs are shaped"
             )

@@ -25,10 +25,9 @@ from reclock.sources.postgres.pgoutput import (
     Relation,
     Truncate,
     Update,
-    decode_changes,
-    decode_columns,
     decode_message,
 )
+from reclock.sources.postgres.pgoutput_bulk import decode_changes, decode_columns
 
 SETUP = """
 CREATE TABLE accounts (id int PRIMARY KEY, owner text, balance numeric(12,2), active boolean,
