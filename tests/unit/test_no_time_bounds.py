@@ -1,0 +1,322 @@
+"""No test bounds a time that load can stretch (issue 37; :mod:`tests.waiting`).
+
+On two cores shared with the rest of the suite, anything a test times can take ten times as
+long as it does on an idle machine. A test that asserts an upper bound on a duration, gives a
+command a few seconds to answer, or counts what happened within a few seconds fails there with
+nothing broken. Every test waits for its condition with :data:`tests.waiting.PATIENCE_S` instead;
+speed is measured in benchmarks/, which this check does not read.
+
+The rule, read from each file's syntax tree under tests/ (``ast``), flags:
+
+1. ``elapsed``: an ``assert`` that bounds a clock difference from above (``took < 5``,
+   ``time.monotonic() - t <= x``, ``x > elapsed``), where a clock difference is a subtraction with
+   a call of ``time.time``/``monotonic``/``perf_counter`` (or their ``_ns``) in it, or a name bound
+   from one, or from a call of a function of the same file that returns one. A lower bound
+   (``took >= ttl``) is allowed: load only lengthens durations.
+2. ``deadline``: a clock call plus a number below ``FLOOR_S`` (``time.monotonic() + 5``), or a clock
+   difference compared with such a number outside an assert (``while monotonic() - t < 20``).
+3. ``timeout``: a ``timeout=`` of a number below ``FLOOR_S`` on any call, a number below it passed
+   positionally to a ``wait``/``join``, or a parameter named ``timeout`` defaulting to one, unless
+   the call sits in a ``try`` that catches the expiry (``TimeoutExpired``, ``TimeoutError``,
+   ``queue.Empty``, ``socket.timeout``): then it is a poll, not a bound.
+4. ``max-seconds``: a job run for a positive number of seconds below ``FLOOR_S`` (``"--max-seconds",
+   "3"`` or ``max_seconds=3``), whose work the test then asserts: what a job does in N seconds is a
+   rate. A test runs the job until a condition holds instead, then stops it.
+
+Numbers are literals, or arithmetic of literals (``3 + 60``).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from pathlib import Path
+
+import pytest
+
+from tests.waiting import FLOOR_S
+
+TESTS = Path(__file__).resolve().parents[1]
+CLOCKS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_counter_ns"}
+EXPIRIES = {"TimeoutExpired", "TimeoutError", "Empty", "timeout"}
+
+# The bounds found when this check came (issue 37) and not yet rewritten: per file, the kinds it
+# may still hold. The list only shrinks: a file fails on a kind not listed for it, and a listed
+# kind it no longer holds fails too, so that it comes off the list.
+PENDING: dict[str, set[str]] = {
+    "tests/faults/crash.py": {"deadline", "timeout"},
+    "tests/faults/proxy.py": {"deadline", "timeout"},
+    "tests/faults/transactions.py": {"timeout"},
+    "tests/integration/cluster.py": {"timeout"},
+    "tests/integration/kafka/conftest.py": {"deadline", "timeout"},
+    "tests/integration/kafka/test_broker_faults.py": {"deadline", "timeout"},
+    "tests/integration/kafka/test_kafka_pipeline.py": {"timeout"},
+    "tests/integration/kafka/test_kafka_redrive.py": {"max-seconds"},
+    "tests/integration/kafka/test_kafka_registry.py": {"deadline"},
+    "tests/integration/kafka/test_kafka_s3.py": {"timeout"},
+    "tests/integration/kafka/test_kafka_set_offsets.py": {"max-seconds"},
+    "tests/integration/kafka/test_kafka_source.py": {"deadline", "elapsed", "timeout"},
+    "tests/integration/kafka/test_kafka_transactions.py": {"max-seconds"},
+    "tests/integration/kafka/test_kafka_wide.py": {"deadline"},
+    "tests/integration/kafka/test_kafka_window_kills.py": {"max-seconds", "timeout"},
+    "tests/integration/postgres_source/test_postgres_source.py": {"deadline"},
+    "tests/integration/postgres_source/test_snapshot_kills.py": {"timeout"},
+    "tests/integration/postgres_source/test_transactions_land_whole.py": {"timeout"},
+    "tests/integration/s3.py": {"deadline", "timeout"},
+    "tests/integration/s3_requests.py": {"timeout"},
+    "tests/integration/test_files_from_s3.py": {"max-seconds", "timeout"},
+    "tests/integration/test_files_pipeline.py": {"max-seconds", "timeout"},
+    "tests/integration/test_jobs.py": {"timeout"},
+    "tests/integration/test_layout_s3.py": {"max-seconds"},
+    "tests/integration/test_lease_s3.py": {"timeout"},
+    "tests/integration/test_maintenance_kills.py": {"max-seconds", "timeout"},
+    "tests/integration/test_object_storage.py": {"max-seconds", "timeout"},
+    "tests/integration/test_redrive_kills.py": {"max-seconds", "timeout"},
+    "tests/integration/test_s3_outages.py": {"timeout"},
+    "tests/integration/test_s3_requests.py": {"elapsed"},
+    "tests/integration/test_shaping.py": {"timeout"},
+    "tests/integration/test_source_plugins.py": {"timeout"},
+    "tests/integration/test_spark_start.py": {"elapsed"},
+    "tests/integration/test_status_page.py": {"timeout"},
+    "tests/integration/test_status_page_s3.py": {"timeout"},
+    "tests/integration/test_storage_faults.py": {"max-seconds", "timeout"},
+    "tests/integration/test_window_kinds_kills.py": {"max-seconds", "timeout"},
+    "tests/integration/test_windows.py": {"max-seconds", "timeout"},
+    "tests/unit/test_cli.py": {"elapsed"},
+    "tests/unit/test_decode.py": {"elapsed"},
+    "tests/unit/test_file_states.py": {"max-seconds"},
+    "tests/unit/test_files_compressed_and_split.py": {"max-seconds"},
+    "tests/unit/test_files_source.py": {"timeout"},
+    "tests/unit/test_grafana_dashboard.py": {"timeout"},
+    "tests/unit/test_keep_warm.py": {"elapsed"},
+    "tests/unit/test_lag.py": {"max-seconds", "timeout"},
+    "tests/unit/test_lanes.py": {"deadline"},
+    "tests/unit/test_metrics.py": {"timeout"},
+    "tests/unit/test_pipeline.py": {"elapsed"},
+    "tests/unit/test_plugin_file_states.py": {"max-seconds"},
+    "tests/unit/test_progress.py": {"max-seconds", "timeout"},
+    "tests/unit/test_redrive.py": {"max-seconds"},
+    "tests/unit/test_schema_evolution.py": {"max-seconds"},
+    "tests/unit/test_status_tables.py": {"timeout"},
+    "tests/unit/test_stop_request.py": {"timeout"},
+    "tests/unit/test_terminal_truth.py": {"deadline", "elapsed", "max-seconds", "timeout"},
+    "tests/unit/test_ui_views.py": {"timeout"},
+    "tests/unit/test_zygote.py": {"timeout"},
+}
+
+
+def _number(node: ast.AST) -> float | None:
+    """The value of a literal number, a numeric string, or arithmetic of them; else None."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return float(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and (inner := _number(node.operand)) is not None:
+        return -inner
+    if isinstance(node, ast.BinOp):
+        left, right = _number(node.left), _number(node.right)
+        if left is not None and right is not None:
+            ops = {ast.Add: left + right, ast.Sub: left - right, ast.Mult: left * right}
+            return ops.get(type(node.op))
+    return None
+
+
+def _is_clock(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Call):
+        return False
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    base = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else "time"
+    return name in CLOCKS and base == "time"
+
+
+def _has_clock(node: ast.AST) -> bool:
+    return any(_is_clock(n) for n in ast.walk(node))
+
+
+def _clock_sub(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Sub) and _has_clock(n) for n in ast.walk(node))
+
+
+def _callee(node: ast.Call) -> str:
+    func = node.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+
+
+class _Finder(ast.NodeVisitor):
+    def __init__(self, tree: ast.Module) -> None:
+        self.found: list[tuple[int, str]] = []
+        self.timers = {
+            f.name
+            for f in ast.walk(tree)
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and any(isinstance(r, ast.Return) and r.value is not None and _clock_sub(r.value) for r in ast.walk(f))
+        }
+        self.elapsed: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                value = node.value
+                timed = _clock_sub(value) or (isinstance(value, ast.Call) and _callee(value) in self.timers)
+                if timed:
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    self.elapsed |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        self.guarded = 0
+        self.in_assert = 0
+
+    def _timed(self, node: ast.AST) -> bool:
+        return _clock_sub(node) or any(isinstance(n, ast.Name) and n.id in self.elapsed for n in ast.walk(node))
+
+    def visit_Try(self, node: ast.Try) -> None:
+        caught = {
+            n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")
+            for h in node.handlers
+            if h.type
+            for n in ast.walk(h.type)
+        }
+        guarded = bool(caught & EXPIRIES)
+        self.guarded += guarded
+        for statement in node.body:
+            self.visit(statement)
+        self.guarded -= guarded
+        for part in (*node.handlers, *node.orelse, *node.finalbody):
+            self.visit(part)
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        self.in_assert += 1
+        self.generic_visit(node)
+        self.in_assert -= 1
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        sides = [node.left, *node.comparators]
+        for left, op, right in zip(sides, node.ops, sides[1:], strict=False):
+            smaller = (
+                left if isinstance(op, (ast.Lt, ast.LtE)) else right if isinstance(op, (ast.Gt, ast.GtE)) else None
+            )
+            if smaller is None:
+                continue
+            larger = right if smaller is left else left
+            if self.in_assert and self._timed(smaller):
+                self.found.append((node.lineno, "elapsed"))
+            elif not self.in_assert and _clock_sub(smaller) and (n := _number(larger)) is not None and n < FLOOR_S:
+                self.found.append((node.lineno, "deadline"))
+        self.generic_visit(node)
+
+    def visit_BinOp(self, node: ast.BinOp) -> None:
+        if isinstance(node.op, ast.Add):
+            for clock, other in ((node.left, node.right), (node.right, node.left)):
+                if _is_clock(clock) and (n := _number(other)) is not None and n < FLOOR_S:
+                    self.found.append((node.lineno, "deadline"))
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if not self.guarded:
+            short = [k.value for k in node.keywords if k.arg == "timeout"]
+            if any(w in _callee(node).lower() for w in ("wait", "join")):
+                short += node.args
+            if any((n := _number(v)) is not None and 0 < n < FLOOR_S for v in short):
+                self.found.append((node.lineno, "timeout"))
+        if any(
+            k.arg == "max_seconds" and (n := _number(k.value)) is not None and 0 < n < FLOOR_S for k in node.keywords
+        ):
+            self.found.append((node.lineno, "max-seconds"))
+        self.generic_visit(node)
+
+    def visit_List(self, node: ast.List) -> None:
+        self._max_seconds(node.elts)
+        self.generic_visit(node)
+
+    def _max_seconds(self, elements: list[ast.expr]) -> None:
+        for flag, value in itertools.pairwise(elements):
+            if isinstance(flag, ast.Constant) and flag.value == "--max-seconds" and isinstance(value, ast.Constant):
+                try:
+                    seconds = float(value.value)
+                except (TypeError, ValueError):
+                    continue
+                if 0 < seconds < FLOOR_S:
+                    self.found.append((flag.lineno, "max-seconds"))
+
+    def visit_arguments(self, node: ast.arguments) -> None:
+        positional = [*node.posonlyargs, *node.args]
+        pairs = list(zip(positional[len(positional) - len(node.defaults) :], node.defaults, strict=True))
+        pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults, strict=True) if d is not None]
+        for arg, default in pairs:
+            if arg.arg == "timeout" and (n := _number(default)) is not None and 0 < n < FLOOR_S:
+                self.found.append((default.lineno, "timeout"))
+        self.generic_visit(node)
+
+
+def bounds_in(source: str) -> list[tuple[int, str]]:
+    """Each (line, kind) of the rule's bounds on time in ``source``, a Python module's text."""
+    tree = ast.parse(source)
+    finder = _Finder(tree)
+    finder.visit(tree)
+    for node in ast.walk(tree):  # an argument list `start`, "ingest", "--max-seconds", "3" to a call
+        if isinstance(node, ast.Call):
+            finder._max_seconds(list(node.args))
+    return sorted(set(finder.found))
+
+
+def _test_files() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("*.py") if p.name != "test_no_time_bounds.py")
+
+
+def test_no_test_bounds_a_time_that_load_can_stretch():
+    found = {}
+    for path in _test_files():
+        name = str(path.relative_to(TESTS.parent))
+        bounds = bounds_in(path.read_text())
+        pending = PENDING.get(name, set())
+        gone = pending - {kind for _, kind in bounds}
+        assert not gone, f"{name} holds no {sorted(gone)} bound now: take it off PENDING"
+        bounds = [b for b in bounds if b[1] not in pending]
+        if bounds:
+            found[name] = bounds
+    assert not found, "bounds on time a loaded machine can miss (wait with tests.waiting instead):\n" + "\n".join(
+        f"  {name}:{line}: {kind}" for name, bounds in found.items() for line, kind in bounds
+    )
+
+
+@pytest.mark.parametrize(
+    ("snippet", "kind"),
+    [
+        ("import time\nt = time.monotonic()\nrun()\nassert time.monotonic() - t < 5\n", "elapsed"),
+        ("import time\nt = time.perf_counter()\nrun()\ntook = time.perf_counter() - t\nassert took < 2.0\n", "elapsed"),
+        ("import time\nt = time.time()\nassert 5 > time.time() - t\n", "elapsed"),
+        (
+            "import time\ndef timed():\n    t = time.monotonic()\n    return run(), time.monotonic() - t\n"
+            "done, elapsed = timed()\nassert elapsed < 3 + 60\n",
+            "elapsed",
+        ),
+        ("from time import monotonic\nt = monotonic()\ntook = monotonic() - t\nassert took <= 20\n", "elapsed"),
+        ("import time\ndeadline = time.monotonic() + 3\n", "deadline"),
+        ("import time\nt = time.monotonic()\nwhile time.monotonic() - t < 20:\n    pass\n", "deadline"),
+        ("import subprocess\nsubprocess.run(['reclock', 'ui'], timeout=10)\n", "timeout"),
+        ("job.wait(timeout=30)\n", "timeout"),
+        ("thread.join(30)\n", "timeout"),
+        ("ready.wait(10)\n", "timeout"),
+        ("urllib.request.urlopen(url, timeout=5)\n", "timeout"),
+        ("def _wait(predicate, timeout: float = 30):\n    pass\n", "timeout"),
+        ("main(['--lake', 'lake', 'start', 'orders', '--max-seconds', '3'])\n", "max-seconds"),
+        ("reclock_in_process('--lake', lake, 'start', 'orders', '--max-seconds', '1.5')\n", "max-seconds"),
+        ("lifecycle.run(lake, 'orders', max_seconds=2)\n", "max-seconds"),
+    ],
+)
+def test_the_check_flags_a_bound_on_time(snippet, kind):
+    assert kind in {k for _, k in bounds_in(snippet)}, bounds_in(snippet)
+
+
+@pytest.mark.parametrize(
+    "snippet",
+    [
+        "import time\nt = time.monotonic()\npause()\nassert time.monotonic() - t >= TTL_S\n",  # a lower bound
+        "import time\ndeadline = time.monotonic() + 120\n",
+        "job.wait(timeout=PATIENCE_S)\n",
+        "import subprocess\ntry:\n    job.wait(timeout=0.5)\nexcept subprocess.TimeoutExpired:\n    pass\n",
+        "try:\n    item = q.get(timeout=0.1)\nexcept queue.Empty:\n    item = None\n",
+        "main(['start', 'orders', '--max-seconds', '0'])\n",
+        "main(['start', 'orders', '--max-seconds', 'nan'])\n",
+        "lifecycle.run(lake, 'orders', max_seconds=600)\n",
+        "time.sleep(0.2)\n",
+        "' '.join(words)\n",
+    ],
+)
+def test_the_check_lets_a_generous_or_load_safe_wait_pass(snippet):
+    assert bounds_in(snippet) == []
