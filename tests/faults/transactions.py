@@ -44,6 +44,7 @@ from reclock.timeline.frontier import Frontier
 from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import write_config
+from tests.waiting import PATIENCE_S
 
 __all__ = ["Campaign", "run_campaign"]
 
@@ -308,4 +309,4 @@ def _start(lake: Path, name: str, stderr: Path) -> subprocess.Popen:
 def _kill(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    process.wait(timeout=PATIENCE_S)

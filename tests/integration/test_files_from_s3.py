@@ -28,6 +28,7 @@ from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import expected_generator_offsets, write_config
 from tests.integration.s3 import REGION, S3Server
+from tests.waiting import PATIENCE_S
 
 COLUMNS = {"id": "int64", "name": "string"}
 
@@ -251,7 +252,7 @@ def test_files_from_s3_some_gzipped_one_cut_into_pieces_sigkilled_and_restarted_
             time.sleep(0.5)
     finally:
         os.killpg(job.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-run
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
     landed = _rows_on_server(s3_server, output).height
     assert 0 < landed < sum(expected.values()), "the kill was not mid-run"
 

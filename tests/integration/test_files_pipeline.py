@@ -28,6 +28,7 @@ from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
 from tests import zygote
 from tests.integration.helpers import files_pipeline_config, write_numbered_csvs
+from tests.waiting import PATIENCE_S
 
 
 def config(tmp_path: Path, *, stop_on_error: bool, files_per_batch: int = 2, **pipeline: object) -> Path:
@@ -166,7 +167,7 @@ def test_a_file_is_all_in_or_all_out_at_every_moment_even_across_sigkill(tmp_pat
         if len(seen) < 5:
             os.killpg(job.pid, signal.SIGCONT)
     os.killpg(job.pid, signal.SIGKILL)
-    job.wait(timeout=30)
+    job.wait(timeout=PATIENCE_S)
     after = per_file_safe(tmp_path)
     assert observations > 0 and len(after) < len(sizes), (observations, len(after))
     assert all(count == sizes[name] for name, count in after.items()), after
@@ -259,7 +260,7 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
             os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
+            job.wait(timeout=PATIENCE_S)
         kills += 1
         in_output = committed_rows_per_file(lake, "ingest", "rows")
         assert all(n == sizes[name] for name, n in in_output.items()), (seed, in_output)  # whole files only

@@ -24,6 +24,7 @@ from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, write_config
+from tests.waiting import PATIENCE_S
 
 pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 
@@ -57,7 +58,7 @@ def _popen(lake: Path, *args: str) -> subprocess.Popen:
 def _kill(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    process.wait(timeout=PATIENCE_S)
 
 
 def _rows(lake: Path) -> dict[str, list[tuple]]:

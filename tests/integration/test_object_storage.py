@@ -40,6 +40,7 @@ from tests.integration.helpers import (
     write_numbered_csvs,
 )
 from tests.integration.s3 import S3Server, mirror
+from tests.waiting import PATIENCE_S
 
 
 def _delta_options(server: S3Server) -> dict[str, str]:
@@ -160,7 +161,7 @@ def test_generator_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_exactl
         status = _status_from_server(s3_server, bucket, "prod/killed/status.json")
     assert status.get("batches", 0) >= 3, "the job never got going"
     os.killpg(job.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-run
-    job.wait(timeout=30)
+    job.wait(timeout=PATIENCE_S)
     assert not status.get("finished")
 
     done = reclock_cli("--lake", lake_uri, "start", "killed", env=env, timeout=600)
@@ -306,7 +307,7 @@ def test_a_second_job_on_the_same_s3_lake_is_refused_and_a_killed_one_shows_dead
         assert running[0]["health"] == "running"
     finally:
         os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
     dead = json.loads(reclock_in_process("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
     assert dead[0]["health"] == "dead" and f"pid {job.pid}" in dead[0]["last_error"]
 
@@ -391,7 +392,7 @@ def test_a_status_read_while_its_job_rewrites_it_is_one_version_whole(s3_server)
         reader.start()
         time.sleep(0.5)  # the read's GET is held now (a two-request read has taken the size)
         client.put_object(Bucket=bucket, Key=key, Body=json.dumps(longer).encode())
-        reader.join(30)
+        reader.join(PATIENCE_S)
         assert read == [longer]
     finally:
         proxy.close()

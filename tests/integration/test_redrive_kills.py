@@ -45,6 +45,7 @@ from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli
 from tests.integration.test_windows import check_windows
+from tests.waiting import PATIENCE_S
 
 # Its jobs are `reclock` subprocesses, SIGKILLed: the fixture kills what of them a failure leaves.
 pytestmark = pytest.mark.usefixtures("reclock_processes")
@@ -138,7 +139,7 @@ def kill_after(job: subprocess.Popen, seconds: float) -> bool:
         job.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
         return True
     assert job.returncode == 0, job.stderr.read()[-3000:]  # a run that ended on its own ended well
     return False

@@ -27,6 +27,7 @@ from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import write_config
 from tests.integration.test_windows import POLARS, assert_windows_equal, start_job, wait_for, window_commits
+from tests.waiting import PATIENCE_S
 
 AGGREGATES = {"n": "count(*)", "total": "sum(v)", "lo": "min(v)", "hi": "max(v)", "mean": "avg(v)"}
 ORDERED = {"first_w": "first(w)", "last_w": "last(w)"}
@@ -285,7 +286,7 @@ def kill_and_restart(lake: Path, name: str, kills: int, seed: int) -> None:
         wait_for(lambda: len(window_commits(first, f"reclock/{name}/windows/s1")) >= 1, 120, "a window")
         time.sleep(rng.uniform(0.2, 2.0))
         os.killpg(job.pid, signal.SIGKILL)  # anywhere: mid-batch, mid-window, between two tables' commits
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
 
 
 @pytest.mark.usefixtures("reclock_processes")

@@ -32,6 +32,7 @@ from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import files_pipeline_config, write_config, write_numbered_csvs
 from tests.integration.s3 import mirror
+from tests.waiting import PATIENCE_S
 
 BY_AUCTION = {
     "name": "by_auction",
@@ -182,7 +183,7 @@ def test_window_outputs_equal_a_batch_recomputation_across_a_sigkill_and_restart
     wait_for(lambda: len(window_commits(labels, "reclock/auctions/windows/by_auction")) >= 2, 120, "windows")
     time.sleep(random.uniform(0, 1.5))
     os.killpg(job.pid, signal.SIGKILL)  # anywhere: mid-batch, mid-window, between two commits
-    job.wait(timeout=30)
+    job.wait(timeout=PATIENCE_S)
 
     done = reclock_in_process("--lake", str(lake), "start", "auctions", "--max-seconds", "5")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -222,7 +223,7 @@ def test_an_idle_files_pipeline_still_emits_its_last_window_once_the_frontier_pa
     )
     assert job.poll() is None, "the files source never finishes: the window closed while the job ran"
     os.killpg(job.pid, signal.SIGKILL)
-    job.wait(timeout=30)
+    job.wait(timeout=PATIENCE_S)
 
     done = reclock_in_process("--lake", str(lake), "start", "ingest", "--max-seconds", "3")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -19,6 +19,7 @@ from reclock.job import lifecycle
 from reclock.job.status import read_status
 from reclock.persist.lake import Lake
 from tests.cli import reclock_in_process
+from tests.waiting import PATIENCE_S
 
 if TYPE_CHECKING:
     from reclock.job.progress import JobProgress
@@ -48,7 +49,7 @@ class Looking:
 
     def show(self, progress: JobProgress) -> None:
         port = read_status(self.lake, "lagging")["metrics_port"]
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE_S).read().decode()
         total = float(re.search(r'^reclock_lag_offsets\{pipeline="lagging"\} (\S+)$', text, re.M).group(1))
         per = {
             m.group(1).replace('\\"', '"').replace("\\\\", "\\"): float(m.group(2))

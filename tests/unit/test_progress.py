@@ -20,6 +20,7 @@ import pytest
 
 from reclock.cli.main import main
 from tests.cli import reclock_in_process
+from tests.waiting import PATIENCE_S
 
 BACKLOG = """
 [pipeline]
@@ -65,7 +66,7 @@ def on_a_terminal(*args: str) -> tuple[int, str]:
     with open(slave, "w", encoding="utf-8", closefd=True) as terminal, contextlib.redirect_stdout(terminal):
         assert terminal.isatty()
         code = main(list(args))
-    reader.join(10)
+    reader.join(PATIENCE_S)
     os.close(master)
     return code, shown.decode("utf-8", errors="replace")
 

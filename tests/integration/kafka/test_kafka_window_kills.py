@@ -17,6 +17,7 @@ import pytest
 from tests.cli import reclock_in_process
 from tests.integration.helpers import write_config
 from tests.integration.test_window_kinds_kills import check_kinds, kill_and_restart, windows, with_windows
+from tests.waiting import PATIENCE_S
 
 
 @pytest.mark.usefixtures("reclock_processes")
@@ -72,6 +73,6 @@ def test_every_window_kind_over_kafka_equals_a_recomputation_after_random_sigkil
         done = reclock_in_process("--lake", str(lake), "start", "stream", "--max-seconds", "12")
     finally:
         stop.set()
-        feeder.join(timeout=30)
+        feeder.join(timeout=PATIENCE_S)
     assert done.returncode == 0, done.stderr[-3000:]
     check_kinds(lake, "stream", output, defined)
