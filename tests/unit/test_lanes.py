@@ -127,10 +127,10 @@ def test_reclock_processes_kills_what_a_test_left_running(suite, tmp_path):
 import subprocess, sys
 
 def test_leaves_them(reclock_processes):
-    code = "import time; time.sleep(120)  # reclock"
+    code = "import time; time.sleep(3600)  # reclock"
     own = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     shared = subprocess.Popen([sys.executable, "-c", code])
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     open({str(pids)!r}, "w").write(f"{{own.pid}} {{shared.pid}} {{other.pid}}")
     assert False, "fails, and still they go"
 """
