@@ -15,11 +15,12 @@ less than ``FLOOR_S``.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["FLOOR_S", "PATIENCE_S", "wait_until"]
+__all__ = ["FLOOR_S", "PATIENCE_S", "run_until", "wait_until"]
 
 T = TypeVar("T")
 
@@ -45,3 +46,37 @@ def wait_until(condition: Callable[[], T], what: str, *, patience: float = PATIE
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {patience:.0f} s for {what}; it never happened (last seen: {value!r})")
         time.sleep(every)
+
+
+def run_until(lake: Any, name: str, condition: Callable[[], object], what: str, **run: Any) -> Any:
+    """Run the stored pipeline ``name`` (``reclock.job.lifecycle.run``) until ``condition`` holds,
+    then stop it as ``reclock stop`` does, and return the pipeline it ran.
+
+    What a job does in N seconds is a rate; a test that runs one to see it work runs it until the
+    work is there, then stops it. ``run`` goes to ``lifecycle.run``; its ``max_seconds`` is ten
+    times the patience unless given, so that only the stop ends the job in time. An exception of
+    the job is raised here.
+    """
+    from reclock.job import lifecycle
+
+    ran: list[Any] = []
+    failed: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            ran.append(lifecycle.run(lake, name, **{"max_seconds": 10 * PATIENCE_S, **run}))
+        except BaseException as exc:  # handed to the test's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=job, name=f"job {name}", daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: condition() or failed or not thread.is_alive(), what)
+    finally:
+        lifecycle.request_stop(lake, name)
+        thread.join(PATIENCE_S)
+    assert not thread.is_alive(), f"pipeline {name!r} did not stop within {PATIENCE_S:.0f} s of the stop"
+    if failed:
+        raise failed[0]
+    assert condition(), f"pipeline {name!r} ended before {what}"
+    return ran[0]

@@ -62,19 +62,13 @@ PENDING: dict[str, set[str]] = {
     "tests/integration/test_storage_faults.py": {"max-seconds"},
     "tests/integration/test_window_kinds_kills.py": {"max-seconds"},
     "tests/integration/test_windows.py": {"max-seconds"},
-    "tests/unit/test_cli.py": {"elapsed"},
-    "tests/unit/test_decode.py": {"elapsed"},
     "tests/unit/test_file_states.py": {"max-seconds"},
     "tests/unit/test_files_compressed_and_split.py": {"max-seconds"},
-    "tests/unit/test_keep_warm.py": {"elapsed"},
     "tests/unit/test_lag.py": {"max-seconds"},
-    "tests/unit/test_pipeline.py": {"elapsed"},
     "tests/unit/test_plugin_file_states.py": {"max-seconds"},
     "tests/unit/test_progress.py": {"max-seconds"},
     "tests/unit/test_redrive.py": {"max-seconds"},
     "tests/unit/test_schema_evolution.py": {"max-seconds"},
-    "tests/unit/test_stop_request.py": {"timeout"},
-    "tests/unit/test_terminal_truth.py": {"deadline", "elapsed", "max-seconds", "timeout"},
 }
 
 
