@@ -187,7 +187,7 @@ def run_campaign(bootstrap: str, topic: str, work: Path, campaign: Campaign) -> 
     job = _start(lake, name, stderr)
     try:
         _wait_until_in(lake, name, topic, ends)
-        assert _cli(lake, "stop", name, "--wait", "30").returncode == 0
+        assert _cli(lake, "stop", name, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
         assert job.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     finally:
         _kill(job)

@@ -139,7 +139,7 @@ def test_stop_wait_that_runs_out_says_the_job_still_runs_and_exits_1(tmp_path, c
     job, status_path = start_running_job(tmp_path)
     job.send_signal(signal.SIGSTOP)  # paused: it holds its lease, and cannot read the stop in time
     try:
-        assert main(["--lake", str(tmp_path / "lake"), "stop", "orders", "--wait", "1"]) == 1
+        assert main(["--lake", str(tmp_path / "lake"), "stop", "orders", "--wait", "1"]) == 1  # load-safe: paused
     finally:
         job.send_signal(signal.SIGCONT)
     err = capsys.readouterr().err

@@ -102,7 +102,7 @@ def test_broker_replaced_by_an_empty_one_fails_the_pipeline_naming_the_topic_and
             first.stop()
             second = _empty_broker_on(port)
         else:  # the job is down while the broker is replaced, and starts against the empty one
-            assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
+            assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
             assert job.wait(timeout=PATIENCE_S) == 0
             first.stop()
             if how == "same-port-at-restart":

@@ -310,7 +310,7 @@ def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_w
 
         _wait_for(all_in, 60, "the restarted job to catch up")
         time.sleep(0.3)  # a few more observations of the final state
-        assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
+        assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
         assert second.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     finally:
         feeder.stop.set()

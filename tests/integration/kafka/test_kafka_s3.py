@@ -103,7 +103,7 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
             return all(resume.covers(p, end - 1) for p, end in ends.items())
 
         _wait_for(all_in, 90, "the restarted job to catch up")
-        stopped = reclock_in_process("--lake", lake_uri, "stop", name, "--wait", "30", env=env)
+        stopped = reclock_in_process("--lake", lake_uri, "stop", name, "--wait", f"{PATIENCE_S:.0f}", env=env)
         assert stopped.returncode == 0, stopped.stderr
         assert second.wait(timeout=60) == 0, (tmp_path / "job.stderr").read_text()[-3000:]
     finally:

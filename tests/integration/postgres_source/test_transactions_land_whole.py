@@ -385,7 +385,7 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
             assert job.poll() is None, stderr.read_text()[-3000:]
             assert time.monotonic() < deadline, "the last run did not catch up"
             time.sleep(0.2)
-        assert reclock_cli("--lake", str(lake), "stop", NAME, "--wait", "30").returncode == 0
+        assert reclock_cli("--lake", str(lake), "stop", NAME, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
         assert job.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     finally:
         for client in clients:
