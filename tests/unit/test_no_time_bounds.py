@@ -67,10 +67,6 @@ PENDING: dict[str, set[str]] = {
     "tests/integration/test_storage_faults.py": {"max-seconds"},
     "tests/integration/test_window_kinds_kills.py": {"max-seconds"},
     "tests/integration/test_windows.py": {"max-seconds"},
-    "tests/unit/test_files_compressed_and_split.py": {"max-seconds"},
-    "tests/unit/test_lag.py": {"max-seconds"},
-    "tests/unit/test_progress.py": {"max-seconds"},
-    "tests/unit/test_schema_evolution.py": {"max-seconds"},
 }
 
 
