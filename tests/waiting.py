@@ -71,7 +71,8 @@ def run_until(lake: Any, name: str, condition: Callable[[], object], what: str, 
     thread = threading.Thread(target=job, name=f"job {name}", daemon=True)
     thread.start()
     try:
-        wait_until(lambda: condition() or failed or not thread.is_alive(), what)
+        # Polled every quarter second: the condition reads the lake in this process, beside the job.
+        wait_until(lambda: condition() or failed or not thread.is_alive(), what, every=0.25)
     finally:
         lifecycle.request_stop(lake, name)
         thread.join(PATIENCE_S)
