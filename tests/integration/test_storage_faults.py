@@ -232,7 +232,7 @@ def test_starting_on_a_read_only_lake_is_one_line_not_a_traceback(tmp_path, smal
     job.send_signal(signal.SIGTERM)
     job.wait(60)
     subprocess.run(["mount", "-o", "remount,ro", str(small_lake)], check=True)
-    started = _reclock(lake, "start", "ingest", "--max-seconds", "5")
+    started = _reclock(lake, "start", "ingest", "--max-seconds", f"{PATIENCE_S:.0f}")  # it fails, and ends
     assert started.returncode == 1
     assert "Traceback" not in started.stderr
     assert len(started.stderr.strip().splitlines()) == 1, started.stderr
