@@ -52,10 +52,7 @@ EXPIRIES = {"TimeoutExpired", "TimeoutError", "Empty", "timeout", "OSError", "UR
 # kind it no longer holds fails too, so that it comes off the list.
 PENDING: dict[str, set[str]] = {
     "tests/integration/kafka/test_kafka_source.py": {"elapsed"},
-    "tests/integration/test_files_from_s3.py": {"max-seconds"},
-    "tests/integration/test_layout_s3.py": {"max-seconds"},
     "tests/integration/test_maintenance_kills.py": {"max-seconds"},
-    "tests/integration/test_object_storage.py": {"max-seconds"},
     "tests/integration/test_redrive_kills.py": {"max-seconds"},
     "tests/integration/test_s3_requests.py": {"elapsed"},
     "tests/integration/test_spark_start.py": {"elapsed"},
