@@ -54,8 +54,6 @@ PENDING: dict[str, set[str]] = {
     "tests/integration/kafka/test_kafka_source.py": {"elapsed"},
     "tests/integration/test_maintenance_kills.py": {"max-seconds"},
     "tests/integration/test_redrive_kills.py": {"max-seconds"},
-    "tests/integration/test_s3_requests.py": {"elapsed"},
-    "tests/integration/test_spark_start.py": {"elapsed"},
 }
 
 
