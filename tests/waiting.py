@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["FLOOR_S", "PATIENCE_S", "run_until", "wait_until"]
+__all__ = ["FLOOR_S", "PATIENCE_S", "returned", "run_until", "wait_until"]
 
 T = TypeVar("T")
 
@@ -46,6 +46,31 @@ def wait_until(condition: Callable[[], T], what: str, *, patience: float = PATIE
         if time.monotonic() > deadline:
             raise AssertionError(f"waited {patience:.0f} s for {what}; it never happened (last seen: {value!r})")
         time.sleep(every)
+
+
+def returned(call: Callable[[], T], what: str) -> T:
+    """``call()``, run in a thread: its value, or what it raised; a failure naming ``what`` if it
+    has not returned within the patience.
+
+    A test that pins "this does not wait out that timeout" sets the timeout far past the patience
+    and calls it here, instead of timing the call against a bound a loaded machine can miss.
+    """
+    outcome: list[tuple[bool, object]] = []
+
+    def attempt() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the test's thread
+            outcome.append((False, exc))
+
+    thread = threading.Thread(target=attempt, name=what, daemon=True)
+    thread.start()
+    thread.join(PATIENCE_S)
+    assert outcome, f"{what} had not returned after {PATIENCE_S:.0f} s: it waits for something that never comes"
+    ok, value = outcome[0]
+    if not ok:
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
 
 
 def run_until(lake: Any, name: str, condition: Callable[[], object], what: str, **run: Any) -> Any:
