@@ -52,8 +52,6 @@ EXPIRIES = {"TimeoutExpired", "TimeoutError", "Empty", "timeout", "OSError", "UR
 # kind it no longer holds fails too, so that it comes off the list.
 PENDING: dict[str, set[str]] = {
     "tests/integration/kafka/test_kafka_source.py": {"elapsed"},
-    "tests/integration/test_maintenance_kills.py": {"max-seconds"},
-    "tests/integration/test_redrive_kills.py": {"max-seconds"},
 }
 
 
