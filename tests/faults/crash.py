@@ -58,6 +58,7 @@ from tests.faults.reader import DeltaLog, Remap, checkpoint_agrees, label_of, re
 from tests.integration.helpers import reclock_cli
 from tests.integration.kafka.conftest import Producer
 from tests.integration.kafka.test_kafka_pipeline import _group_offsets, _start_job, _status
+from tests.waiting import PATIENCE_S
 
 __all__ = ["Campaign", "Report", "run_campaign"]
 
@@ -640,7 +641,7 @@ def run_campaign(workdir: Path, campaign: Campaign, out: TextIO | None = None) -
         finally:
             for thread in threads:
                 thread.stop.set()  # type: ignore[attr-defined]
-            watch.join(timeout=30)
+            watch.join(timeout=PATIENCE_S)
         for thread in threads:
             if thread.failure is not None:  # type: ignore[attr-defined]
                 report.anomalies.append(f"{thread.name} failed: {thread.failure!r}")  # type: ignore[attr-defined]
@@ -682,7 +683,7 @@ def _create_topics(bootstrap: str) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     try:
         admin.create_topics([NewTopic(t, n, 1) for t, n in PARTITIONS.items()])
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE_S
         while time.monotonic() < deadline:
             described = admin.describe_topics(list(PARTITIONS))
             if all(len(d.get("partitions", [])) == PARTITIONS[d["name"]] for d in described):

@@ -32,6 +32,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from tests.waiting import PATIENCE_S
+
 __all__ = ["FaultProxy"]
 
 _UP, _REFUSING, _PAUSED = "up", "refusing", "paused"
@@ -116,7 +118,7 @@ class FaultProxy:
             conns, self._conns = self._conns, set()
         for conn in conns:
             _reset(conn)
-        self._acceptor.join(timeout=5)
+        self._acceptor.join(timeout=PATIENCE_S)
 
     def _listen(self) -> None:
         assert self._listener is not None
@@ -190,7 +192,7 @@ def _bound(port: int) -> socket.socket:
 
 def _rebound(port: int) -> socket.socket:
     """The port bound again at once, not listening: the kernel refuses connections to it."""
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + PATIENCE_S
     while True:
         try:
             return _bound(port)

@@ -44,6 +44,7 @@ from reclock.timeline.frontier import Frontier
 from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import write_config
+from tests.waiting import PATIENCE_S
 
 __all__ = ["Campaign", "run_campaign"]
 
@@ -186,7 +187,7 @@ def run_campaign(bootstrap: str, topic: str, work: Path, campaign: Campaign) -> 
     job = _start(lake, name, stderr)
     try:
         _wait_until_in(lake, name, topic, ends)
-        assert _cli(lake, "stop", name, "--wait", "30").returncode == 0
+        assert _cli(lake, "stop", name, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
         assert job.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     finally:
         _kill(job)
@@ -308,4 +309,4 @@ def _start(lake: Path, name: str, stderr: Path) -> subprocess.Popen:
 def _kill(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    process.wait(timeout=PATIENCE_S)

@@ -24,6 +24,7 @@ import pyspark
 
 from tests.integration.envs import clean_env
 from tests.integration.helpers import write_config
+from tests.waiting import PATIENCE_S
 
 __all__ = [
     "EXECUTORS",
@@ -101,7 +102,7 @@ class StandaloneCluster:
 
     def state(self) -> dict:
         """The master's own JSON view (workers, applications), from its web UI."""
-        with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=5) as answer:
+        with urllib.request.urlopen(f"{self.master_ui}/json/", timeout=PATIENCE_S) as answer:
             return json.loads(answer.read())
 
     def stop(self) -> None:
@@ -114,7 +115,7 @@ class StandaloneCluster:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait(timeout=30)
+                process.wait(timeout=PATIENCE_S)
         self.processes.clear()
 
     def _start(self, name: str, main_class: str, *args: str) -> None:

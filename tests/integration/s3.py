@@ -19,6 +19,8 @@ import uuid
 from pathlib import Path
 from typing import IO
 
+from tests.waiting import PATIENCE_S
+
 __all__ = ["S3Server", "mirror"]
 
 REGION = "us-east-1"
@@ -59,7 +61,7 @@ class S3Server:
             stderr=log if log is not None else subprocess.DEVNULL,
             start_new_session=True,
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + PATIENCE_S
         while True:
             try:
                 urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
@@ -116,7 +118,7 @@ class S3Server:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.kill(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
+                self.process.wait(timeout=PATIENCE_S)
 
 
 def mirror(server: S3Server, bucket: str, prefix: str, into: Path) -> Path:

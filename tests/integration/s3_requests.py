@@ -24,6 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from tests.waiting import PATIENCE_S
+
 __all__ = ["CountingProxy", "Requests", "kind_of"]
 
 #: The proxy's own path: the counts so far, as JSON (``-`` starts no bucket name, so no S3 request).
@@ -105,13 +107,13 @@ class CountingProxy:
 
     def counts(self) -> Requests:
         """A snapshot of the requests counted so far."""
-        with urllib.request.urlopen(f"{self.endpoint}{_COUNTS}", timeout=10) as answer:
+        with urllib.request.urlopen(f"{self.endpoint}{_COUNTS}", timeout=PATIENCE_S) as answer:
             return Requests(json.loads(answer.read()))
 
     def stop(self) -> None:
         if self.process.poll() is None:
             os.kill(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=PATIENCE_S)
         if self.process.stdout is not None:
             self.process.stdout.close()
 

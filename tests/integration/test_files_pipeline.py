@@ -28,6 +28,7 @@ from reclock.persist.read import read_table
 from reclock.persist.status_tables import read_status_table
 from tests import zygote
 from tests.integration.helpers import files_pipeline_config, write_numbered_csvs
+from tests.waiting import PATIENCE_S, run_until
 
 
 def config(tmp_path: Path, *, stop_on_error: bool, files_per_batch: int = 2, **pipeline: object) -> Path:
@@ -72,6 +73,12 @@ def run(tmp_path: Path, *args: str) -> int:
     return main(["--lake", str(tmp_path / "lake"), *args])
 
 
+def start_until(tmp_path: Path, condition, what: str) -> None:
+    """``reclock start ingest`` until ``condition`` holds, then stopped: a files source never
+    finishes, and what it lands in N seconds depends on the machine's load."""
+    run_until(Lake.at(str(tmp_path / "lake")), "ingest", condition, what)
+
+
 def file_states(tmp_path: Path) -> dict[str, str]:
     latest = {}
     for row in read_status_table(Lake.at(tmp_path / "lake"), "files", "ingest").to_pylist():
@@ -82,7 +89,8 @@ def file_states(tmp_path: Path) -> dict[str, str]:
 def test_good_files_load_once_and_a_corrupt_one_is_skipped_and_listed(tmp_path, capsys):
     expected = make_inputs(tmp_path)
     assert main(["create", str(config(tmp_path, stop_on_error=False, idle_interval=0.2))]) == 0
-    assert run(tmp_path, "start", "ingest", "--max-seconds", "6") == 0
+    states = {"a.csv#0": "Loaded", "b.jsonl#0": "Loaded", "c.parquet#0": "Loaded", "d.parquet#0": "Skipped"}
+    start_until(tmp_path, lambda: file_states(tmp_path) == states, "three files Loaded and d.parquet Skipped")
     assert per_file(tmp_path) == expected  # every good row exactly once, nothing of d.parquet
     assert file_states(tmp_path) == {
         "a.csv#0": "Loaded",
@@ -102,7 +110,7 @@ def test_good_files_load_once_and_a_corrupt_one_is_skipped_and_listed(tmp_path, 
 def test_stop_on_error_fails_naming_the_file_with_nothing_of_the_batch_visible(tmp_path, capsys):
     make_inputs(tmp_path)
     assert main(["create", str(config(tmp_path, stop_on_error=True))]) == 0
-    assert run(tmp_path, "start", "ingest", "--max-seconds", "20") == 1
+    assert run(tmp_path, "start", "ingest", "--max-seconds", f"{PATIENCE_S:.0f}") == 1  # it fails, and ends
     err = capsys.readouterr().err
     assert "failed (state Error)" in err and "d.parquet" in err
     states = read_status_table(Lake.at(tmp_path / "lake"), "pipelines", "ingest").column("state").to_pylist()
@@ -133,7 +141,7 @@ def test_files_added_while_running_are_picked_up_and_drop_file_reingests_once(tm
         job.send_signal(signal.SIGINT)
         assert job.wait(timeout=60) == 0
     assert run(tmp_path, "drop-file", "ingest", "a.csv") == 0
-    assert run(tmp_path, "start", "ingest", "--max-seconds", "3") == 0
+    start_until(tmp_path, lambda: file_states(tmp_path).get("a.csv#1") == "Loaded", "a.csv's generation 1 Loaded")
     assert per_file(tmp_path) == {**expected, "e.csv": 2, "a.csv": 10}  # a.csv once more, as generation 1
     assert file_states(tmp_path)["a.csv#1"] == "Loaded"
 
@@ -166,11 +174,11 @@ def test_a_file_is_all_in_or_all_out_at_every_moment_even_across_sigkill(tmp_pat
         if len(seen) < 5:
             os.killpg(job.pid, signal.SIGCONT)
     os.killpg(job.pid, signal.SIGKILL)
-    job.wait(timeout=30)
+    job.wait(timeout=PATIENCE_S)
     after = per_file_safe(tmp_path)
     assert observations > 0 and len(after) < len(sizes), (observations, len(after))
     assert all(count == sizes[name] for name, count in after.items()), after
-    assert run(tmp_path, "start", "ingest", "--max-seconds", "20") == 0
+    start_until(tmp_path, lambda: all(per_file_safe(tmp_path)[n] >= c for n, c in sizes.items()), "every file landed")
     assert per_file(tmp_path) == sizes
 
 
@@ -259,7 +267,7 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
             time.sleep(rng.uniform(0.0, 0.3))
         finally:
             os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
+            job.wait(timeout=PATIENCE_S)
         kills += 1
         in_output = committed_rows_per_file(lake, "ingest", "rows")
         assert all(n == sizes[name] for name, n in in_output.items()), (seed, in_output)  # whole files only
@@ -277,7 +285,10 @@ def test_file_states_follow_the_lake_across_repeated_sigkills_and_drop_file_acce
     assert {k for k, r in states.items() if r["state"] == "Unloaded"} == {(p, 1) for p in in_output} | {
         (p, 0) for p in set(sizes) - set(in_output)
     }
-    assert run(tmp_path, "start", "ingest", "--max-seconds", "2") == 0
+    unloaded = {f"{p}#{g}" for (p, g), r in states.items() if r["state"] == "Unloaded"}
+    start_until(
+        tmp_path, lambda: all(file_states(tmp_path).get(k) == "Loaded" for k in unloaded), "the dropped files again"
+    )
     loaded = {f"{p}#{g}" for (p, g), r in cli_file_states(tmp_path, capsys).items() if r["state"] == "Loaded"}
     history = file_states(tmp_path)
     assert {k for k in loaded if history.get(k) != "Loaded"} == set(), seed

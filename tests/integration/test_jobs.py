@@ -14,6 +14,7 @@ import pytest
 from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, reclock_cli, write_config
+from tests.waiting import PATIENCE_S
 
 pytestmark = [pytest.mark.spark, pytest.mark.usefixtures("reclock_processes")]  # Spark jobs, in subprocesses
 
@@ -61,7 +62,7 @@ def test_sigkill_mid_run_then_restart_loses_and_duplicates_nothing(tmp_path):
             status = json.loads(status_path.read_text())
     assert status.get("batches", 0) >= 3, "the job never got going"
     os.killpg(job.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-run
-    job.wait(timeout=30)
+    job.wait(timeout=PATIENCE_S)
     assert not status.get("finished")
 
     done = reclock_cli("--lake", str(lake), "start", "killed", timeout=600)

@@ -26,6 +26,7 @@ from tests.faults.proxy import FaultProxy
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
 from tests.integration.s3 import S3Server, mirror
+from tests.waiting import PATIENCE_S
 
 TTL_S = 4.0
 PARTITIONS, LIMIT = 2, 40_000
@@ -121,7 +122,7 @@ def test_a_paused_driver_loses_its_lease_to_a_second_one_and_is_fenced_when_it_r
             if driver is not None and driver.poll() is None:
                 os.killpg(driver.pid, signal.SIGCONT)
                 os.killpg(driver.pid, signal.SIGKILL)
-                driver.wait(timeout=30)
+                driver.wait(timeout=PATIENCE_S)
     final = _object(s3_server, bucket, status_key)
     assert (final["pid"], final["health"], final["finished"]) == (second.pid, "stopped", True)
     assert _object(s3_server, bucket, lease_key)["released"]
@@ -246,7 +247,7 @@ def test_a_driver_fenced_by_a_takeover_writes_not_one_object_when_it_resumes(s3_
             if driver is not None and driver.poll() is None:
                 os.killpg(driver.pid, signal.SIGCONT)
                 os.killpg(driver.pid, signal.SIGKILL)
-                driver.wait(timeout=30)
+                driver.wait(timeout=PATIENCE_S)
         proxy.close()
     final = _object(s3_server, bucket, status_key)
     assert (final["pid"], final["health"]) == (second.pid, "stopped")
@@ -267,9 +268,9 @@ def test_the_lease_signs_with_an_instance_role_when_the_lake_names_no_credential
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", s3_server.endpoint)
     roles = f"{s3_server.endpoint}/latest/meta-data/iam/security-credentials/"
-    with urllib.request.urlopen(roles, timeout=10) as listed:
+    with urllib.request.urlopen(roles, timeout=PATIENCE_S) as listed:
         role = listed.read().decode().split()[0]
-    with urllib.request.urlopen(roles + role, timeout=10) as found:
+    with urllib.request.urlopen(roles + role, timeout=PATIENCE_S) as found:
         role_credentials = json.loads(found.read())
 
     with StoreRecorder() as store:

@@ -24,6 +24,7 @@ from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import assert_exactly_once_and_stamped_by_the_remap, write_config
+from tests.waiting import PATIENCE_S, run_until
 
 pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 
@@ -34,8 +35,6 @@ pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 PARTITIONS, LIMIT = 2, 20_000
 #: Live output files the optimize test's first run leaves: enough small files to merge.
 SMALL_FILES = 40
-#: How long a condition the tests wait for may take, however loaded the machine.
-PATIENCE = 300
 
 
 def _define(tmp_path: Path, every: int, limit: int = LIMIT) -> Path:
@@ -62,7 +61,7 @@ def _popen(lake: Path, *args: str) -> subprocess.Popen:
 def _kill(process: subprocess.Popen) -> None:
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=30)
+    process.wait(timeout=PATIENCE_S)
 
 
 def _rows(lake: Path) -> dict[str, list[tuple]]:
@@ -169,26 +168,10 @@ def _kill_between_output_commits(lake: Path, rows: dict[str, list[tuple]], attem
     return files
 
 
-def _land_small_files(lake: Path) -> None:
-    """Run the pipeline until its outputs hold more than :data:`SMALL_FILES` files, then stop it
-    as an operator would. A run of a fixed length (it was 6 s) landed every record on a fast
-    machine: the generator's source then ended, the last binding was closed, the remap compacted
-    onto that closed binding, and the test compared frontiers that closure had replaced."""
-    process = _popen(lake, "start", "m")
-    deadline = time.monotonic() + PATIENCE
-    while _files(lake) <= SMALL_FILES:
-        assert process.poll() is None, process.stderr.read().decode()[-2000:]
-        assert time.monotonic() < deadline, f"the outputs did not reach {SMALL_FILES} files"
-        time.sleep(0.1)
-    stopped = reclock_in_process("--lake", str(lake), "stop", "m")
-    assert stopped.returncode == 0, stopped.stderr
-    assert process.wait(timeout=PATIENCE) == 0, process.stderr.read().decode()[-2000:]
-
-
 def test_sigkill_during_optimize_and_vacuum_changes_no_row_and_the_pipeline_resumes_exactly_once(tmp_path, long_lane):
     step, kills = (0.04, None) if long_lane else (0.12, 8)
     lake = _define(tmp_path, every=0)
-    _land_small_files(lake)
+    run_until(Lake.at(str(lake)), "m", lambda: _files(lake) > SMALL_FILES, f"more than {SMALL_FILES} small files")
     before = _rows(lake)
     remap_before = Remap.read(lake / "m" / "remap")
     files_before = _files(lake)

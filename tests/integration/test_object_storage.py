@@ -22,6 +22,7 @@ from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from reclock.errors import FencedError
+from reclock.job.lifecycle import file_states
 from reclock.job.status import read_status
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 from reclock.persist.data_files import write_data_file
@@ -41,6 +42,7 @@ from tests.integration.helpers import (
     write_numbered_csvs,
 )
 from tests.integration.s3 import S3Server, mirror
+from tests.waiting import PATIENCE_S, run_until
 
 
 def _delta_options(server: S3Server) -> dict[str, str]:
@@ -161,7 +163,7 @@ def test_generator_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_exactl
         status = _status_from_server(s3_server, bucket, "prod/killed/status.json")
     assert status.get("batches", 0) >= 3, "the job never got going"
     os.killpg(job.pid, signal.SIGKILL)  # the driver and its Spark JVM, mid-run
-    job.wait(timeout=30)
+    job.wait(timeout=PATIENCE_S)
     assert not status.get("finished")
 
     done = reclock_cli("--lake", lake_uri, "start", "killed", env=env, timeout=600)
@@ -255,7 +257,7 @@ def test_storage_credentials_stay_out_of_the_lake_the_status_and_the_output(s3_s
     assert "storage_options.secret: unknown storage option" in wrong.stderr
 
 
-def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_store(s3_server, tmp_path):
+def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_store(s3_server, tmp_path, monkeypatch):
     """Dropped files' generations live in the store: a drop written by one command is what the next
     job reads, and the file is ingested once more as a new generation, nothing else twice."""
     bucket = s3_server.bucket()
@@ -265,12 +267,19 @@ def test_a_files_pipeline_on_an_s3_lake_keeps_file_states_and_drop_file_in_the_s
     sizes = write_numbered_csvs(folder, 3, lambda f: 4 + f)
     config = files_pipeline_config(tmp_path / "files.toml", folder, pipeline={"lake": lake_uri, "batch_interval": 0.05})
     assert reclock_in_process("create", str(config), env=env).returncode == 0
-    assert reclock_in_process("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
+    for key, value in s3_server.environ.items():  # the job runs in this process, until its files are loaded
+        monkeypatch.setenv(key, value)
+
+    def loaded(*files: tuple[str, int]) -> bool:
+        states = {(f.path, f.generation): f.state for f in file_states(Lake.at(lake_uri), "ingest")}
+        return all(states.get(f) == "Loaded" for f in files)
+
+    run_until(Lake.at(lake_uri), "ingest", lambda: loaded(*((p, 0) for p in sizes)), "every file Loaded")
     listed = reclock_in_process("--lake", lake_uri, "files", "ingest", "--json", env=env)
     assert {(r["path"], r["state"]) for r in json.loads(listed.stdout)} == {(p, "Loaded") for p in sizes}
     dropped = reclock_in_process("--lake", lake_uri, "drop-file", "ingest", "f01.csv", env=env)
     assert dropped.returncode == 0, dropped.stderr
-    assert reclock_in_process("--lake", lake_uri, "start", "ingest", "--max-seconds", "4", env=env).returncode == 0
+    run_until(Lake.at(lake_uri), "ingest", lambda: loaded(("f01.csv", 1)), "f01.csv's generation 1 Loaded")
 
     copy = mirror(s3_server, bucket, "lake/ingest", tmp_path / "mirror")
     assert json.loads((copy / "control" / "generations.json").read_text()) == {"f01.csv": 1}
@@ -307,7 +316,7 @@ def test_a_second_job_on_the_same_s3_lake_is_refused_and_a_killed_one_shows_dead
         assert running[0]["health"] == "running"
     finally:
         os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
     dead = json.loads(reclock_in_process("--lake", lake_uri, "status", "only", "--json", env=env).stdout)
     assert dead[0]["health"] == "dead" and f"pid {job.pid}" in dead[0]["last_error"]
 
@@ -392,7 +401,7 @@ def test_a_status_read_while_its_job_rewrites_it_is_one_version_whole(s3_server)
         reader.start()
         time.sleep(0.5)  # the read's GET is held now (a two-request read has taken the size)
         client.put_object(Bucket=bucket, Key=key, Body=json.dumps(longer).encode())
-        reader.join(30)
+        reader.join(PATIENCE_S)
         assert read == [longer]
     finally:
         proxy.close()

@@ -39,12 +39,15 @@ from pathlib import Path
 
 import pytest
 
+from reclock.job.status import read_status
+from reclock.persist.lake import Lake
 from reclock.sources.base import Split
 from reclock.sources.generator import BIDS, GeneratorSource
 from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli
 from tests.integration.test_windows import check_windows
+from tests.waiting import PATIENCE_S, run_until
 
 # Its jobs are `reclock` subprocesses, SIGKILLed: the fixture kills what of them a failure leaves.
 pytestmark = pytest.mark.usefixtures("reclock_processes")
@@ -138,7 +141,7 @@ def kill_after(job: subprocess.Popen, seconds: float) -> bool:
         job.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
         return True
     assert job.returncode == 0, job.stderr.read()[-3000:]  # a run that ended on its own ended well
     return False
@@ -196,8 +199,12 @@ def test_redrive_under_sigkill_lands_every_failed_record_once_shaped_and_windows
 
     done = reclock_cli("--lake", str(lake), "redrive", NAME, timeout=300)
     assert done.returncode == 0 and "still failing 0" in done.stdout, done.stdout + done.stderr[-3000:]
-    done = reclock_cli("--lake", str(lake), "start", NAME, "--max-seconds", "2", timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+
+    def batches() -> int:
+        return read_status(Lake.at(str(lake)), NAME)["batches"]
+
+    after_redrive = batches()  # a start lands what is due first: run it for two batches, then stop it
+    run_until(Lake.at(str(lake)), NAME, lambda: batches() > after_redrive + 1, "two batches after the redrive")
     again = reclock_cli("--lake", str(lake), "redrive", NAME, timeout=300)
     assert again.returncode == 0 and "landed nothing; still failing 0" in again.stdout, again.stdout
 

@@ -39,6 +39,7 @@ from tests.faults.proxy import FaultProxy
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import expected_generator_offsets, write_config
 from tests.integration.s3 import S3Server, mirror
+from tests.waiting import PATIENCE_S
 
 pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 
@@ -150,7 +151,7 @@ def _finish(
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
+            job.wait(timeout=PATIENCE_S)
         proxy.close()
     text = log.read_text()
     assert "Traceback" not in text, text[-4000:]

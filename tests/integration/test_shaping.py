@@ -30,6 +30,7 @@ from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import expected_generator_offsets, reclock_cli, write_config
+from tests.waiting import PATIENCE_S
 
 SQL = "SELECT num, num / den AS ratio FROM input WHERE num >= 0"
 
@@ -151,7 +152,7 @@ def test_produced_equals_output_plus_filtered_plus_errors_after_a_sigkill(tmp_pa
             time.sleep(0.01)
         os.killpg(job.pid, signal.SIGKILL)
     finally:
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
     # The next start runs until every file has landed (one a batch; under the suite's load five
     # seconds were not always enough), then stops cleanly; a duplicate ends the wait too, and fails.
     stderr = tmp_path / "restart.stderr"

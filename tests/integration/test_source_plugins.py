@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.envs import ROOT, clean_env
 from tests.integration.helpers import assert_rows_exactly_once, sensorlog_rows
+from tests.waiting import PATIENCE_S
 
 PLUGIN = ROOT / "tests" / "plugins" / "sensorlog"
 GUIDE = ROOT / "docs" / "source-authors.md"
@@ -91,7 +92,7 @@ def test_a_running_plugin_pipeline_has_status_tables_metrics_stop_and_resume(plu
         time.sleep(0.1)
         status = json.loads(status_path.read_text()) if status_path.exists() else {}
     assert status.get("rows", {}).get("readings") == 50, status
-    with urllib.request.urlopen(f"http://127.0.0.1:{status['metrics_port']}/metrics", timeout=10) as answer:
+    with urllib.request.urlopen(f"http://127.0.0.1:{status['metrics_port']}/metrics", timeout=PATIENCE_S) as answer:
         metrics = answer.read().decode()
     rows = {
         tuple(sorted(s.labels.items())): s.value

@@ -13,11 +13,11 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.integration.helpers import reclock_cli
+from tests.waiting import PATIENCE_S
 
 pytestmark = pytest.mark.spark  # the subprocess starts its own JVM
 
@@ -35,11 +35,10 @@ def test_a_master_that_never_answers_is_given_up_after_the_start_timeout_in_one_
             '[source]\nkind = "generator"\nlimit = 1000\n'
         )
         assert reclock_cli("create", str(path)).returncode == 0
-        began = time.monotonic()
-        done = reclock_cli("--lake", str(tmp_path / "lake"), "start", "orders", timeout=120)
-        took = time.monotonic() - began
+        done = reclock_cli("--lake", str(tmp_path / "lake"), "start", "orders", timeout=PATIENCE_S)
     assert done.returncode == 1, done
-    assert took < 60, f"the job took {took:.0f} s to give up"  # Spark alone retries for a minute or more
+    # Given up by start_timeout_seconds (its line says so), not by Spark's own minute of retries
+    # (a Java failure, which the lines below refuse), however long a loaded machine takes.
     lines = [line for line in done.stderr.splitlines() if "WARNING: Using incubator modules" not in line]
     assert len(lines) == 1, done.stderr
     assert "start_timeout_seconds = 3 s" in lines[0] and master in lines[0] and 'engine = "local"' in lines[0]

@@ -21,7 +21,6 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import write_config
 from tests.integration.kafka.conftest import Producer
+from tests.waiting import PATIENCE_S, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("reclock_processes")]  # a broker of its own, paused
 
@@ -112,16 +112,6 @@ def _listening_on(port: int) -> set[str]:
     return found
 
 
-def _wait(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
 def _status(lake: Path, name: str) -> dict:
     shown = reclock_in_process("--lake", str(lake), "status", name, "--json")
     assert shown.returncode == 0, shown.stderr
@@ -129,7 +119,7 @@ def _status(lake: Path, name: str) -> dict:
 
 
 def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=PATIENCE_S) as response:
         return response.read().decode()
 
 
@@ -183,7 +173,7 @@ def test_the_page_shows_three_pipelines_their_states_charts_and_the_joint_cut_an
                 load two page refreshes could both draw a snapshot older than the caller's."""
                 since_ms = time.time() * 1000
                 seen = refreshes()
-                _wait(lambda: refreshes() >= seen + 2, 10 * REFRESH_S, "the page to refresh")
+                wait_until(lambda: refreshes() >= seen + 2, "the page to refresh", every=0.2)
 
                 def read_since() -> bool:
                     began = browser.execute_script(
@@ -191,12 +181,16 @@ def test_the_page_shows_three_pipelines_their_states_charts_and_the_joint_cut_an
                     )
                     return began is not None and began >= since_ms
 
-                _wait(read_since, 20 * REFRESH_S, "a server snapshot read after the request")
+                wait_until(read_since, "a server snapshot read after the request", every=0.2)
                 fresh = refreshes()
-                _wait(lambda: refreshes() > fresh, 10 * REFRESH_S, "the page to draw that snapshot whole")
+                wait_until(lambda: refreshes() > fresh, "the page to draw that snapshot whole", every=0.2)
 
             browser.get(url)
-            _wait(lambda: shown_states() == {GEN: "running", KAFKA: "running", FILES: "running"}, 45, "three running")
+            wait_until(
+                lambda: shown_states() == {GEN: "running", KAFKA: "running", FILES: "running"},
+                "three running",
+                every=0.2,
+            )
             sources = shown("tr.cells[1].textContent")
             assert sources == {GEN: "generator", KAFKA: "kafka", FILES: "files"}
 
@@ -214,7 +208,7 @@ def test_the_page_shows_three_pipelines_their_states_charts_and_the_joint_cut_an
                     return None
                 return round(data[0][-1] * 1000 - data[1][-1] * 1000)
 
-            _wait(last_upper, 10, "the generator's charts")
+            wait_until(last_upper, "the generator's charts", every=0.2)
             before = _status(lake, GEN)["readable_upper"]
             after_a_refresh()
             drawn = last_upper()
@@ -223,16 +217,16 @@ def test_the_page_shows_three_pipelines_their_states_charts_and_the_joint_cut_an
             browser.save_screenshot(str(shots / "ui-overview.png"))
 
             # Stopped: the page says so, and the chart's last point is then exactly the status's.
-            assert reclock_in_process("--lake", str(lake), "stop", GEN, "--wait", "30").returncode == 0
-            assert jobs[GEN].wait(timeout=30) == 0
-            _wait(lambda: shown_states().get(GEN) == "stopped", 10, "stopped on the page")
+            assert reclock_in_process("--lake", str(lake), "stop", GEN, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
+            assert jobs[GEN].wait(timeout=PATIENCE_S) == 0
+            wait_until(lambda: shown_states().get(GEN) == "stopped", "stopped on the page", every=0.2)
             after_a_refresh()
             assert last_upper() == _status(lake, GEN)["readable_upper"]
 
             # The broker frozen: the Kafka pipeline stalls, and the page shows it with the job's error.
             broker.pause()
             try:
-                _wait(lambda: shown_states().get(KAFKA) == "stalled", 30, "stalled on the page")
+                wait_until(lambda: shown_states().get(KAFKA) == "stalled", "stalled on the page", every=0.2)
 
                 # The error moves with each retry (a metadata timeout, then a failed bootstrap...): the
                 # page's is the one the status said at some moment within a refresh or two.
@@ -246,7 +240,7 @@ def test_the_page_shows_three_pipelines_their_states_charts_and_the_joint_cut_an
                     error = status["last_error"] or "?"
                     return problem if status["health"] == "stalled" and problem.startswith(error) else None
 
-                problem = str(_wait(same_error, 15, "the page's error to be the status's"))
+                problem = str(wait_until(same_error, "the page's error to be the status's", every=0.2))
                 assert f"reclock errors {KAFKA}" in problem  # the hint
 
                 # The timeline: the joint cut of all three is latest_cut's, held back by the stopped
@@ -288,11 +282,11 @@ def test_the_page_shows_three_pipelines_their_states_charts_and_the_joint_cut_an
                 broker.resume()
         finally:
             ui.send_signal(signal.SIGTERM)
-            ui.wait(timeout=10)
+            ui.wait(timeout=PATIENCE_S)
             for job in jobs.values():
                 if job.poll() is None:
                     os.killpg(job.pid, signal.SIGKILL)
-                    job.wait(timeout=10)
+                    job.wait(timeout=PATIENCE_S)
     if os.environ.get("RECLOCK_UI_SCREENSHOTS") == "1":
         DOCS_IMAGES.mkdir(exist_ok=True)
         for shot in shots.iterdir():

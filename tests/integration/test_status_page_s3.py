@@ -14,10 +14,11 @@ from reclock.persist.asof import latest_cut
 from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import write_config
+from tests.waiting import PATIENCE_S
 
 
 def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
+    with urllib.request.urlopen(url, timeout=PATIENCE_S) as response:
         return response.read().decode()
 
 
@@ -50,7 +51,7 @@ def test_the_page_over_an_s3_lake_shows_its_pipeline_and_never_its_keys(s3_serve
             bodies.append(_get(f"{url}api/pipelines/bounded/{path}"))
     finally:
         ui.terminate()
-        _, err = ui.communicate(timeout=10)
+        _, err = ui.communicate(timeout=PATIENCE_S)
     overview = json.loads(bodies[3])
     assert [(p["name"], p["state"]) for p in overview["pipelines"]] == [("bounded", "finished")]
     assert json.loads(timeline)["cut"]["as_of"] == latest_cut(

@@ -28,6 +28,7 @@ from tests import zygote
 from tests.cli import reclock_in_process
 from tests.faults.reader import DeltaLog, label_of, read_rows
 from tests.integration.helpers import files_pipeline_config
+from tests.waiting import PATIENCE_S
 
 pytestmark = [
     pytest.mark.usefixtures("reclock_processes"),
@@ -156,11 +157,11 @@ def _run_through_a_fault(tmp_path: Path, mount: Path, inject, clear, reason: str
         _wait(
             f"the job logs a stall naming the fault ({reason})",
             lambda: reason in (tmp_path / "job.log").read_text(),
-            30,
+            PATIENCE_S,
         )
         time.sleep(3)  # several failed attempts of every kind of write
         assert job.poll() is None, (tmp_path / "job.log").read_text()[-3000:]
-        _wait("reclock status says stalled", lambda: _status(lake)["health"] == "stalled", 40)
+        _wait("reclock status says stalled", lambda: _status(lake)["health"] == "stalled", PATIENCE_S)
         stalled = _status(lake)
         assert "lake" in stalled["last_error"], stalled
         clear(undo)
@@ -217,7 +218,7 @@ def test_a_status_left_by_a_killed_job_reads_dead_not_running(tmp_path, small_la
         _wait("the job runs", lambda: _status(lake)["health"] == "running", 60)
     finally:
         os.killpg(job.pid, signal.SIGKILL)
-        job.wait(30)
+        job.wait(PATIENCE_S)
     raw = json.loads((lake / "ingest" / "status.json").read_text())
     assert raw["health"] == "running"  # the file still claims it ...
     status = _status(lake)
@@ -231,7 +232,7 @@ def test_starting_on_a_read_only_lake_is_one_line_not_a_traceback(tmp_path, smal
     job.send_signal(signal.SIGTERM)
     job.wait(60)
     subprocess.run(["mount", "-o", "remount,ro", str(small_lake)], check=True)
-    started = _reclock(lake, "start", "ingest", "--max-seconds", "5")
+    started = _reclock(lake, "start", "ingest", "--max-seconds", f"{PATIENCE_S:.0f}")  # it fails, and ends
     assert started.returncode == 1
     assert "Traceback" not in started.stderr
     assert len(started.stderr.strip().splitlines()) == 1, started.stderr

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pyarrow.parquet as pq
 import pytest
@@ -17,6 +16,7 @@ from reclock.errors import ConfigError
 from reclock.job.config import load_config
 from reclock.persist.asof import CLOSED_UPPER, read_as_of, readable_upper
 from tests import zygote
+from tests.waiting import PATIENCE_S, wait_until
 
 GOOD = """
 [pipeline]
@@ -106,8 +106,11 @@ def test_as_of_reads_of_a_pipeline_the_lake_lacks_name_it_instead_of_returning_n
 
 
 def start_running_job(tmp_path) -> tuple[subprocess.Popen, object]:
-    """A real ``reclock start`` of a slow, long generator pipeline, once its first batch landed."""
-    path = write(tmp_path, GOOD.replace("limit = 20000", "limit = 200000\nrate = 20000"))
+    """A real ``reclock start`` of a slow, endless generator pipeline, once its first batch landed.
+
+    At 20,000 records a second its limit takes ten times the tests' patience: only a stop ends it."""
+    limit = int(20_000 * 10 * PATIENCE_S)
+    path = write(tmp_path, GOOD.replace("limit = 20000", f"limit = {limit}\nrate = 20000"))
     lake = tmp_path / "lake"
     assert main(["create", str(path)]) == 0
     job = zygote.popen(
@@ -117,9 +120,7 @@ def start_running_job(tmp_path) -> tuple[subprocess.Popen, object]:
         text=True,
     )
     status_path = lake / "orders" / "status.json"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (status_path.exists() and json.loads(status_path.read_text())["batches"]):
-        time.sleep(0.05)
+    wait_until(lambda: status_path.exists() and json.loads(status_path.read_text())["batches"], "the first batch")
     return job, status_path
 
 
@@ -127,7 +128,7 @@ def start_running_job(tmp_path) -> tuple[subprocess.Popen, object]:
 def test_stop_lets_the_in_flight_batch_finish_and_start_continues(tmp_path):
     job, status_path = start_running_job(tmp_path)
     assert main(["--lake", str(tmp_path / "lake"), "stop", "orders"]) == 0
-    assert job.wait(timeout=60) == 0, job.stderr.read()
+    assert job.wait(timeout=PATIENCE_S) == 0, job.stderr.read()
     stopped = json.loads(status_path.read_text())
     assert stopped["health"] == "stopped" and not stopped["finished"]
     assert stopped["resume_upper"] > 0  # the batch in flight when asked completed and committed
@@ -138,12 +139,12 @@ def test_stop_wait_that_runs_out_says_the_job_still_runs_and_exits_1(tmp_path, c
     job, status_path = start_running_job(tmp_path)
     job.send_signal(signal.SIGSTOP)  # paused: it holds its lease, and cannot read the stop in time
     try:
-        assert main(["--lake", str(tmp_path / "lake"), "stop", "orders", "--wait", "1"]) == 1
+        assert main(["--lake", str(tmp_path / "lake"), "stop", "orders", "--wait", "1"]) == 1  # load-safe: paused
     finally:
         job.send_signal(signal.SIGCONT)
     err = capsys.readouterr().err
     assert "pipeline 'orders' is still running after 1 s; the stop stays asked" in err, err
-    assert job.wait(timeout=60) == 0, job.stderr.read()  # the stop stayed asked: it stops once resumed
+    assert job.wait(timeout=PATIENCE_S) == 0, job.stderr.read()  # the stop stayed asked: it stops once resumed
     assert json.loads(status_path.read_text())["health"] == "stopped"
 
 
@@ -151,7 +152,7 @@ def test_stop_wait_that_runs_out_says_the_job_still_runs_and_exits_1(tmp_path, c
 def test_sigterm_stops_a_job_cleanly(tmp_path):
     job, status_path = start_running_job(tmp_path)
     job.terminate()
-    assert job.wait(timeout=60) == 0, job.stderr.read()
+    assert job.wait(timeout=PATIENCE_S) == 0, job.stderr.read()
     assert json.loads(status_path.read_text())["health"] == "stopped"
 
 
@@ -379,7 +380,7 @@ def test_a_second_start_of_a_running_pipeline_is_refused(tmp_path, capsys):
         assert f"pipeline 'orders' is already running (pid {job.pid})" in err
     finally:
         job.terminate()
-        assert job.wait(timeout=60) == 0
+        assert job.wait(timeout=PATIENCE_S) == 0
 
 
 # -- a Kafka pipeline whose broker is down (nothing listens on its port: no broker needed) ------
@@ -404,30 +405,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_job(lake, name: str, max_seconds: float) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    done = zygote.run(
+def start_job(lake, name: str, max_seconds: float) -> subprocess.CompletedProcess:
+    """``reclock start`` in a subprocess, given the tests' patience to end (it raises past it)."""
+    return zygote.run(
         ["--lake", str(lake), "start", name, "--max-seconds", str(max_seconds)],
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=PATIENCE_S,
     )
-    return done, time.monotonic() - started
 
 
 @pytest.mark.usefixtures("reclock_processes")
 def test_max_seconds_holds_while_the_kafka_broker_is_down(tmp_path):
     """A probe waits up to read_timeout_s for a broker; a stop must not.
 
-    The probe's wait is made far longer than any start-up on a loaded machine, so a job that
-    waited for it is told from one that stopped on time by a margin of minutes, not seconds.
+    The probe's wait is made ten times the tests' patience, so a job that waited for it is not
+    told from one that stopped on time by seconds: it does not end before the patience runs out.
     """
-    text = KAFKA.format(port=free_port()) + "read_timeout_s = 100\n"
+    text = KAFKA.format(port=free_port()) + f"read_timeout_s = {10 * PATIENCE_S:.0f}\n"
     assert main(["create", str(write(tmp_path, text))]) == 0
-    done, elapsed = start_job(tmp_path / "lake", "events", 3)
+    done = start_job(tmp_path / "lake", "events", 3)  # raises TimeoutExpired if the stop waited for the probe
     assert done.returncode == 0, done.stderr[-2000:]
-    assert elapsed < 3 + 60  # far below the probe's 100 s: the stop did not wait for it
     assert json.loads((tmp_path / "lake" / "events" / "status.json").read_text())["health"] == "stopped"
+
+
+def run_until_said(lake, name: str, log, said: str) -> subprocess.CompletedProcess:
+    """``reclock start`` in a subprocess until its log says ``said``, then stopped: what the job
+    says is waited for, however long a loaded machine takes to start it and time its probe out."""
+    with open(log, "w") as err:
+        job = zygote.popen(["--lake", str(lake), "start", name], stdout=subprocess.DEVNULL, stderr=err, text=True)
+        try:
+            wait_until(lambda: said in log.read_text(), f"the job to say {said!r}")
+            assert main(["--lake", str(lake), "stop", name]) == 0
+            code = job.wait(timeout=PATIENCE_S)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait(timeout=PATIENCE_S)
+    return subprocess.CompletedProcess(job.args, code, "", log.read_text())
 
 
 @pytest.mark.usefixtures("reclock_processes")
@@ -441,7 +456,7 @@ def test_a_number_valued_secret_is_masked_in_the_status_table_and_status(tmp_pat
     )
     assert main(["create", str(write(tmp_path, text))]) == 0
     lake = tmp_path / "lake"
-    done, _ = start_job(lake, "events", 3)
+    done = run_until_said(lake, "events", tmp_path / "job.log", "KafkaTimeoutError: Unable to bootstrap")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "stalled" in done.stderr and "KafkaTimeoutError: Unable to bootstrap" in done.stderr
     assert "KafkaTimeoutError: KafkaTimeoutError" not in done.stderr  # the type is said once

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from reclock.errors import ConfigError
 from reclock.sources.decode import Decoded, avro_to_arrow_schema, make_decoder
+from reclock.sources.decode.isolate import ALONE, PIECE
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("score", pa.float64())])
 
@@ -298,16 +299,28 @@ def test_all_bad_batch_yields_empty_batch_with_schema():
     assert out.batch.num_rows == 0 and out.batch.schema == SCHEMA and len(out.errors) == 2
 
 
-def test_json_bulk_decode_is_vectorised_fast():
+def test_json_bulk_decode_is_vectorised_and_bisects_to_the_broken_value(monkeypatch):
+    """50,000 values with one broken: parsed in bulk, and the broken one found by halving, so the
+    parser sees a few times the input in a few dozen calls (:mod:`reclock.sources.decode.isolate`),
+    never once per value. How fast that
+    is, is benchmarks/' to measure."""
     values = [json.dumps({"id": i, "name": f"n{i}", "score": i / 2}).encode() for i in range(50_000)]
     values[777] = b"{broken"
-    import time
+    dec = make_decoder("json", SCHEMA)
+    parse, calls, lines = type(dec)._parse_json, [], []
 
-    t = time.perf_counter()
-    out = make_decoder("json", SCHEMA).decode(values)
-    elapsed = time.perf_counter() - t
+    def counted(self, buf: bytes, *, multiline: bool) -> pa.Table:
+        calls.append(1)
+        lines.append(buf.count(b"\n") + 1)
+        return parse(self, buf, multiline=multiline)
+
+    monkeypatch.setattr(type(dec), "_parse_json", counted)
+    out = dec.decode(values)
     assert out.batch.num_rows == 49_999 and [i for i, _, _ in out.errors] == [777]
-    assert elapsed < 2.0
+    # All at once, then each piece, then halving the broken piece down to a few values tried alone.
+    pieces = -(-len(values) // PIECE)
+    assert len(calls) <= 1 + pieces + 2 * PIECE.bit_length() + ALONE, len(calls)
+    assert sum(lines) <= 3 * len(values), sum(lines)
 
 
 def test_schema_from_config_text_uses_pyarrow_type_names():

@@ -12,6 +12,7 @@ from deltalake import DeltaTable
 from reclock import Bindings, Frontier
 from reclock.cli.main import main
 from reclock.job.file_states import FileState, FileStatus, derive_file_states, drop_refusal, read_file_states
+from reclock.job.lifecycle import file_states
 from reclock.persist.lake import Lake
 from reclock.persist.read import read_table
 from reclock.persist.remap import Skip
@@ -19,6 +20,7 @@ from reclock.runtime.pipeline import Pipeline
 from reclock.sources.files import FilesSource, ListedFile
 from reclock.testing import CrashAt, FakeClock, SimulatedCrash
 from tests.integration.helpers import files_pipeline_config
+from tests.waiting import run_until
 
 COLUMNS = {"id": "int64", "name": "string"}
 
@@ -156,7 +158,12 @@ def test_reclock_files_shows_every_file_and_drop_file_refuses_what_is_not_loaded
     assert table[0] == ["path", "generation", "size", "state", "into_ts  reason"]
     assert ["a.csv", "0", "12", "Unloaded", "not in a batch yet"] in table
     assert not (tmp_path / "lake" / "ingest" / "remap").exists()
-    assert main(["--lake", lake, "start", "ingest", "--max-seconds", "1.5"]) == 0
+
+    def sorted_out() -> bool:  # the files source never finishes: run it until it has seen them
+        states = {f.path: f.state for f in file_states(Lake.at(lake), "ingest")}
+        return states.get("a.csv") == FileState.LOADED and states.get("broken.parquet") == FileState.SKIPPED
+
+    run_until(Lake.at(lake), "ingest", sorted_out, "a.csv Loaded and broken.parquet Skipped")
     capsys.readouterr()
     assert main(["--lake", lake, "files", "ingest", "--json"]) == 0
     states = {r["path"]: (r["state"], r["reason"]) for r in json.loads(capsys.readouterr().out)}

@@ -29,6 +29,7 @@ from reclock.errors import ConfigError
 from reclock.sources.base import ERRORS, LINEAGE_FIELDS, RecordError, Source, Split
 from reclock.sources.files import CONVERT, PARSE, FileSplit, FilesSource
 from reclock.timeline.frontier import Frontier
+from tests.waiting import PATIENCE_S
 
 COLUMNS = {"id": "int64", "name": "string"}
 UTC = dt.UTC
@@ -403,7 +404,7 @@ def test_a_file_replaced_by_a_fifo_after_it_was_bound_fails_its_read_without_blo
         without_blocking(lambda: read_all(source, [split]))
 
 
-def without_blocking(fn: Callable[[], Any], timeout: float = 30) -> Any:
+def without_blocking(fn: Callable[[], Any], timeout: float = PATIENCE_S) -> Any:
     """``fn()``, failing instead of hanging if it blocks, as opening a FIFO for reading does."""
     outcome: list[tuple[bool, Any]] = []
 

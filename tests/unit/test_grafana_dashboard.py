@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reclock.cli.main import main
 from tests import zygote
+from tests.waiting import PATIENCE_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "reclock.json"
@@ -86,7 +87,7 @@ def test_every_dashboard_and_alert_query_names_only_metrics_a_running_job_export
             assert time.monotonic() < deadline and job.poll() is None, "the job never served its metrics"
             time.sleep(0.1)
             status = json.loads(status_path.read_text()) if status_path.exists() else {}
-        scrape = urllib.request.urlopen(f"http://127.0.0.1:{status['metrics_port']}/metrics", timeout=10).read()
+        scrape = urllib.request.urlopen(f"http://127.0.0.1:{status['metrics_port']}/metrics", timeout=PATIENCE_S).read()
     finally:
         assert main(["--lake", str(lake), "stop", "metered"]) == 0
         job.wait(timeout=60)

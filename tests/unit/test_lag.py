@@ -19,6 +19,7 @@ from reclock.job import lifecycle
 from reclock.job.status import read_status
 from reclock.persist.lake import Lake
 from tests.cli import reclock_in_process
+from tests.waiting import PATIENCE_S, run_until
 
 if TYPE_CHECKING:
     from reclock.job.progress import JobProgress
@@ -48,7 +49,7 @@ class Looking:
 
     def show(self, progress: JobProgress) -> None:
         port = read_status(self.lake, "lagging")["metrics_port"]
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE_S).read().decode()
         total = float(re.search(r'^reclock_lag_offsets\{pipeline="lagging"\} (\S+)$', text, re.M).group(1))
         per = {
             m.group(1).replace('\\"', '"').replace("\\\\", "\\"): float(m.group(2))
@@ -99,7 +100,13 @@ def test_the_progress_line_shows_what_arrived_while_a_batch_ran_not_zero(tmp_pat
     path.write_text(DEFINITION.format(lake=lake, pipeline="", source="rate = 40000").replace("metrics_port = 0", ""))
     assert reclock_in_process("create", str(path)).returncode == 0
     out = io.StringIO()
-    lifecycle.run(Lake.at(str(lake)), "lagging", progress=out, max_seconds=3)
+    run_until(  # three progress lines, however long the machine takes over them
+        Lake.at(str(lake)),
+        "lagging",
+        lambda: len(re.findall(r" lag +\d+ ", out.getvalue())) >= 3,
+        "three lag lines",
+        progress=out,
+    )
     lags = [int(lag) for lag in re.findall(r" lag +(\d+) ", out.getvalue())]
     assert len(lags) >= 3, out.getvalue()
     assert sum(1 for lag in lags if lag) >= len(lags) - 1, out.getvalue()  # the last may follow no probe

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli import reclock_in_process
+from tests.waiting import PATIENCE_S
 
 CONFTEST = """
 import pytest
@@ -126,10 +127,10 @@ def test_reclock_processes_kills_what_a_test_left_running(suite, tmp_path):
 import subprocess, sys
 
 def test_leaves_them(reclock_processes):
-    code = "import time; time.sleep(120)  # reclock"
+    code = "import time; time.sleep(3600)  # reclock"
     own = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     shared = subprocess.Popen([sys.executable, "-c", code])
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     open({str(pids)!r}, "w").write(f"{{own.pid}} {{shared.pid}} {{other.pid}}")
     assert False, "fails, and still they go"
 """
@@ -137,7 +138,7 @@ def test_leaves_them(reclock_processes):
     suite.runpytest("test_leaves.py", "-p", "no:cacheprovider").assert_outcomes(failed=1)
     own, shared, other = (int(pid) for pid in pids.read_text().split())
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE_S
         while (_alive(own) or _alive(shared)) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(own) and not _alive(shared)

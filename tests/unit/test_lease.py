@@ -25,6 +25,7 @@ from reclock.persist import conditional
 from reclock.persist.lake import Lake
 from reclock.persist.lease import DEFAULT_TTL_S, Holder, Lease, LeaseHeld, LeaseLost, LeaseRecord, read_lease
 from reclock.timeline.frontier import wall_clock_ms
+from tests.waiting import PATIENCE_S
 
 
 def later(seconds: float):
@@ -161,10 +162,12 @@ def test_status_believes_a_running_snapshot_only_while_the_lease_holder_runs(tmp
     snapshot = Status(pipeline="p", health="running", pid=4242, updated_ms=wall_clock_ms())
     lake.store.write_text(lake.status_path("p"), json.dumps(dataclasses.asdict(snapshot)))  # as a job left it
     assert read_status(lake, "p")["health"] == "dead"  # no lease at all
-    elsewhere = LeaseRecord("p", Holder("another-host", 4242, "token"), wall_clock_ms() + 1500, 1500)
+    # Its expiry far off (a loaded machine may take seconds between the write and the read), then past.
+    holder = Holder("another-host", 4242, "token")
+    elsewhere = LeaseRecord("p", holder, wall_clock_ms() + int(10 * PATIENCE_S * 1000), 1500)
     tag = conditional.put(lake.store, path, elsewhere.to_json(), None)
     assert read_status(lake, "p")["health"] == "running"
-    time.sleep(1.6)
+    tag = conditional.put(lake.store, path, LeaseRecord("p", holder, wall_clock_ms() - 1, 1500).to_json(), tag)
     shown = read_status(lake, "p")
     assert shown["health"] == "dead" and "pid 4242" in shown["last_error"]
 

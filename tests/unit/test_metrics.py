@@ -14,6 +14,7 @@ from reclock.persist.asof import CLOSED_UPPER
 from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.settings import Settings
 from reclock.testing import FakeClock, MemorySource
+from tests.waiting import PATIENCE_S
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -100,7 +101,7 @@ def test_the_endpoint_binds_to_the_configured_host(tmp_path, monkeypatch):
     port = metrics.serve(0, "127.0.0.1")
     try:
         assert metrics._server.server_address[0] == "127.0.0.1"
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE_S).read().decode()
     finally:
         metrics.close()
     assert samples(body)[("reclock_batches_total", (("pipeline", "p"), ("state", "Succeeded")))] == 1

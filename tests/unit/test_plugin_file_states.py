@@ -24,6 +24,7 @@ from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.planes import LocalDataPlane
 from tests.delta_log import replay
 from tests.docs_blocks import ROOT, blocks
+from tests.waiting import run_until
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "notefiles"
 KIND = "notefiles.source:NoteFilesSource"
@@ -70,6 +71,18 @@ def output_rows(lake: str) -> dict[str, list[tuple[int, str, int]]]:
     return {partition: sorted(found) for partition, found in rows.items()}
 
 
+def start_until_recorded(lake: str, *files: tuple[str, int]) -> None:
+    """``reclock start notes`` until its files status table holds each of ``files`` (path,
+    generation) Loaded, then stopped: the source never finishes, and a loaded machine lands less
+    in a given second."""
+
+    def recorded() -> bool:
+        rows = read_status_table(Lake.at(lake), "files", "notes").to_pylist()
+        return set(files) <= {(r["path"], r["generation"]) for r in rows if r["state"] == "Loaded"}
+
+    run_until(Lake.at(lake), "notes", recorded, f"the job to record {files} Loaded")
+
+
 def test_reclock_files_lists_a_plugins_files_and_drop_file_loads_one_again(tmp_path, capsys):
     folder = tmp_path / "notes"
     write_notes(folder)
@@ -82,7 +95,7 @@ def test_reclock_files_lists_a_plugins_files_and_drop_file_loads_one_again(tmp_p
         ("README.md", 0): ("Ignored", 0, "not a .txt note"),
     }
 
-    assert main(["--lake", lake, "start", "notes", "--max-seconds", "1.5"]) == 0
+    start_until_recorded(lake, ("a.txt", 0), ("b.txt", 0))
     rows = output_rows(lake)
     for name, lines in NOTES.items():
         assert [(o, line) for o, line, _ in rows[f'["{name}",0]']] == list(enumerate(lines))
@@ -101,7 +114,7 @@ def test_reclock_files_lists_a_plugins_files_and_drop_file_loads_one_again(tmp_p
     states = reclock_files(lake, capsys)
     assert (states[("a.txt", 1)]["state"], states[("a.txt", 1)]["reason"]) == ("Unloaded", "not in a batch yet")
     assert states[("a.txt", 0)]["reason"] == "dropped: generation 1 replaces it"
-    assert main(["--lake", lake, "start", "notes", "--max-seconds", "1.5"]) == 0
+    start_until_recorded(lake, ("a.txt", 1))
     rows = output_rows(lake)
     assert [(o, line) for o, line, _ in rows['["a.txt",1]']] == list(enumerate(NOTES["a.txt"]))
     assert len(rows['["a.txt",0]']) == 3 and len(rows['["b.txt",0]']) == 2  # the first loads stay, once
@@ -116,7 +129,7 @@ def test_a_job_restores_the_files_rows_of_a_batch_no_job_recorded(tmp_path):
     source = source_of(Lake.at(lake), "notes", config, created_at)  # what a killed job had committed
     Pipeline("notes", lake, source, data_plane=LocalDataPlane()).step()
     assert read_status_table(Lake.at(lake), "files", "notes").num_rows == 0
-    assert main(["--lake", lake, "start", "notes", "--max-seconds", "0.5"]) == 0
+    start_until_recorded(lake, ("a.txt", 0), ("b.txt", 0))
     into = {t for _, _, t in output_rows(lake)['["a.txt",0]']}
     recorded = read_status_table(Lake.at(lake), "files", "notes").to_pylist()
     assert {(r["path"], r["generation"], r["size"], r["state"], r["batch_id"]) for r in recorded} == {

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import pty
 import re
@@ -19,7 +20,9 @@ import threading
 import pytest
 
 from reclock.cli.main import main
+from reclock.persist.lake import Lake
 from tests.cli import reclock_in_process
+from tests.waiting import PATIENCE_S, run_until
 
 BACKLOG = """
 [pipeline]
@@ -65,7 +68,7 @@ def on_a_terminal(*args: str) -> tuple[int, str]:
     with open(slave, "w", encoding="utf-8", closefd=True) as terminal, contextlib.redirect_stdout(terminal):
         assert terminal.isatty()
         code = main(list(args))
-    reader.join(10)
+    reader.join(PATIENCE_S)
     os.close(master)
     return code, shown.decode("utf-8", errors="replace")
 
@@ -117,7 +120,12 @@ def test_redrive_shows_the_progress_of_the_job_that_lands_it_as_a_bar_or_as_line
     path.write_text(live.format(lake=tmp_path / "lake") + failing)
     assert reclock_in_process("create", str(path)).returncode == 0
     lake = str(tmp_path / "lake")
-    assert reclock_in_process("--lake", lake, "start", "orders", "--max-seconds", "1").returncode == 0
+
+    def failed() -> bool:  # a live source: it runs until a batch sent records to _errors, then stops
+        shown = reclock_in_process("--lake", lake, "status", "orders", "--json")
+        return ((json.loads(shown.stdout)[0]["outputs"].get("_errors") or [0])[0] or 0) > 0
+
+    run_until(Lake.at(lake), "orders", failed, "failed records to redrive")
     piped = reclock_in_process("--lake", lake, "redrive", "orders")
     assert piped.returncode == 0, piped.stderr
     assert "\x1b" not in piped.stdout and "\r" not in piped.stdout

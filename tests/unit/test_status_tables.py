@@ -22,6 +22,7 @@ from reclock.runtime.pipeline import Pipeline
 from reclock.runtime.planes import LocalDataPlane
 from reclock.sources.base import ERRORS
 from reclock.testing import FakeClock, MemorySource
+from tests.waiting import PATIENCE_S
 
 
 def run_generator_job(tmp_path, outputs=None, **pipeline):
@@ -109,7 +110,7 @@ def test_metrics_endpoint_serves_prometheus_text(tmp_path):
     metrics.observe(pipeline.step())
     port = metrics.serve(0)
     try:
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=PATIENCE_S).read().decode()
     finally:
         metrics.close()
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in parse(body) for s in f.samples}

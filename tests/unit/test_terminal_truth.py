@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import socket
 import threading
 import time
 
 import pytest
 
-from reclock.job import lifecycle
 from reclock.job.status import read_status
 from reclock.persist.lake import Lake
 from tests.cli import reclock_in_process
+from tests.waiting import PATIENCE_S, run_until
 
 GENERATOR = """
 [pipeline]
@@ -54,11 +55,10 @@ def status_of(lake: str, name: str) -> dict:
 def test_an_unreachable_spark_master_is_one_line_at_once_and_the_status_says_so(tmp_path, background):
     spark = f'\n[spark]\nmaster = "spark://127.0.0.1:1"\nbackground_start = {str(background).lower()}\n'
     lake = created(tmp_path, engine="spark", extra=spark)
-    began = time.monotonic()
     result = reclock_in_process("--lake", lake, "start", "orders")
-    took = time.monotonic() - began
     assert result.returncode == 1, result
-    assert took < 20, f"an unreachable master took {took:.0f} s to report"
+    # At once: said by the connect that refuses the master before Spark starts (its message, no
+    # Java in it), not after Spark's minute of retries, whatever time a loaded machine takes.
     lines = result.stderr.strip().splitlines()
     # Waiting for the session: the failure. In the background: a warning at once, then the failure.
     assert len(lines) == 1 + background, result.stderr
@@ -221,8 +221,13 @@ def test_a_transform_that_fails_on_every_row_leaves_the_pipeline_degraded_with_t
     definition.write_text(definition.read_text().replace("limit = 4000", "rate = 4000"))
     assert reclock_in_process("create", "--replace", str(definition)).returncode == 0
     view = Statuses(lake)
-    pipeline = lifecycle.run(view.lake, "orders", progress=view, max_seconds=2)
-    assert view.seen, "the job drew no snapshot"
+    pipeline = run_until(
+        view.lake,
+        "orders",
+        lambda: len(view.seen) >= 2 and "degraded: every record of batch" in caplog.text,
+        "two snapshots of the degraded job",
+        progress=view,
+    )
     for health, status in view.seen:  # every batch sent all its records to _errors
         assert health == status["health"] == "degraded", (health, status)
         assert status["last_error"].startswith("every record of batch "), status
@@ -246,8 +251,9 @@ def test_a_transform_that_fails_on_some_rows_leaves_the_pipeline_running(tmp_pat
 
 
 def test_a_broker_that_cannot_be_reached_is_said_within_seconds_not_after_its_timeout(tmp_path, caplog):
-    """Nothing listens on the port: the Kafka probe waits out read_timeout_s (30 s) to bootstrap.
-    The job says the source does not answer after SLOW_PROBE_S, in its log and in its status."""
+    """Nothing listens on the port: the Kafka probe waits out read_timeout_s to bootstrap, here ten
+    times the tests' patience. The job says the source does not answer after SLOW_PROBE_S, in its
+    log and in its status: seen while the probe still waits, so not after its timeout."""
     from reclock.job.watch import SLOW_PROBE_S
 
     with socket.socket() as free:
@@ -258,22 +264,18 @@ def test_a_broker_that_cannot_be_reached_is_said_within_seconds_not_after_its_ti
     path.write_text(
         f'[pipeline]\nname = "k"\nlake = "{lake}"\nengine = "local"\n\n'
         f'[source]\nkind = "kafka"\nbootstrap_servers = "127.0.0.1:{port}"\ntopics = ["orders"]\n'
+        f"read_timeout_s = {10 * PATIENCE_S:.0f}\n"
     )
     assert reclock_in_process("create", str(path)).returncode == 0
-    began = time.monotonic()
-    job = threading.Thread(target=lifecycle.run, args=(Lake.at(str(lake)), "k"), kwargs={"max_seconds": 25})
-    job.start()
-    try:
-        status: dict = {}
-        while time.monotonic() - began < 20 and status.get("health") != "stalled":
-            time.sleep(0.2)
-            status = read_status(Lake.at(str(lake)), "k") or {}
-        took = time.monotonic() - began
-        assert status.get("health") == "stalled", status
-        assert took < SLOW_PROBE_S + 5, f"said after {took:.1f} s"
-        assert status["last_error"].startswith("the kafka source has not answered for 5 s"), status
-        assert "stalled: the kafka source has not answered" in caplog.text
-    finally:
-        lifecycle.request_stop(Lake.at(str(lake)), "k")
-        job.join(30)
-    assert not job.is_alive()
+    said: list[dict] = []
+
+    def stalled() -> bool:
+        status = read_status(Lake.at(str(lake)), "k") or {}
+        if status.get("health") == "stalled":
+            said.append(status)
+        return bool(said)
+
+    run_until(Lake.at(str(lake)), "k", stalled, "the job to say the broker does not answer")
+    waited = re.match(r"the kafka source has not answered for (\d+) s", said[0]["last_error"])
+    assert waited and SLOW_PROBE_S <= int(waited[1]) < 10 * PATIENCE_S, said  # the watcher's, not the probe's timeout
+    assert "stalled: the kafka source has not answered" in caplog.text

@@ -22,6 +22,7 @@ from reclock.ui import views
 from reclock.ui.lake_view import LakeView
 from reclock.ui.server import StatusPage
 from tests.cli import reclock_in_process
+from tests.waiting import PATIENCE_S
 
 
 def _create(tmp_path: Path, name: str, source: str) -> None:
@@ -115,7 +116,7 @@ def test_tables_page_and_filter_newest_first(lake):
 
 def _get(url: str) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:
+        with urllib.request.urlopen(url, timeout=PATIENCE_S) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from tests import zygote
+from tests.waiting import PATIENCE_S
 
 CONFIG = """
 [pipeline]
@@ -69,12 +70,12 @@ def test_a_forked_command_is_a_process_of_its_own_until_waited_for(folder):
     assert os.getpgid(job.pid) == job.pid  # its own session already when popen returns
     time.sleep(1)  # it has ended by now, and is not waited for yet
     os.killpg(job.pid, signal.SIGCONT)  # a real child stays signalable (a zombie) until its wait
-    assert job.wait(30) == 0
+    assert job.wait(PATIENCE_S) == 0
     assert not os.path.exists(f"/proc/{job.pid}")  # reaped before the wait returned
 
     job = zygote.popen(["start", "z"], stdout=subprocess.DEVNULL, start_new_session=True)
     os.killpg(job.pid, signal.SIGKILL)
-    assert job.wait(30) == -signal.SIGKILL
+    assert job.wait(PATIENCE_S) == -signal.SIGKILL
     assert job.pid not in zygote.spawned
 
 

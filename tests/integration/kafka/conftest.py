@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 import pytest
 
 from reclock.demo.broker import EmbeddedBroker
+from tests.waiting import PATIENCE_S
 
 
 @pytest.fixture(scope="session")
@@ -43,7 +44,7 @@ def topic(broker: EmbeddedBroker, admin, request) -> Callable[..., str]:
 
         name = name or f"{base}-{uuid.uuid4().hex[:8]}"
         admin.create_topics([NewTopic(name, partitions, 1)])
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE_S
         while time.monotonic() < deadline:
             described = admin.describe_topics([name])
             if described and len(described[0].get("partitions", [])) == partitions:
@@ -87,7 +88,7 @@ class Producer:
                 )
             )
         self._producer.flush()
-        return [(m.topic, m.partition, m.offset) for m in (f.get(timeout=10) for f in futures)]
+        return [(m.topic, m.partition, m.offset) for m in (f.get(timeout=PATIENCE_S) for f in futures)]
 
     def close(self) -> None:
         self._producer.close()

@@ -25,6 +25,7 @@ from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import write_config
 from tests.integration.kafka.conftest import Producer
 from tests.integration.kafka.test_kafka_pipeline import SCHEMA, _ends, _produce, _start_job, _status, _wait_for
+from tests.waiting import PATIENCE_S
 
 # Brokers of its own, stopped and replaced under a `reclock start` subprocess.
 pytestmark = [pytest.mark.kafka, pytest.mark.usefixtures("reclock_processes")]
@@ -34,7 +35,7 @@ TOPIC = "orders"
 
 def _empty_broker_on(port: int) -> EmbeddedBroker:
     """A fresh broker on ``port`` as soon as the old one's socket is released."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + PATIENCE_S
     while True:
         try:
             return EmbeddedBroker(port=port).start()
@@ -101,8 +102,8 @@ def test_broker_replaced_by_an_empty_one_fails_the_pipeline_naming_the_topic_and
             first.stop()
             second = _empty_broker_on(port)
         else:  # the job is down while the broker is replaced, and starts against the empty one
-            assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
-            assert job.wait(timeout=30) == 0
+            assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
+            assert job.wait(timeout=PATIENCE_S) == 0
             first.stop()
             if how == "same-port-at-restart":
                 second = _empty_broker_on(port)

@@ -43,6 +43,7 @@ from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.helpers import write_config
 from tests.integration.kafka.conftest import Producer
+from tests.waiting import PATIENCE_S
 
 SCHEMA = {"id": "int64", "topic": "string"}
 
@@ -280,7 +281,7 @@ def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_w
         jobs.append(first)
         _wait_for(lambda: _status(lake, name).get("batches", 0) >= 4, 60, "four batches of the first job")
         os.killpg(first.pid, signal.SIGKILL)  # mid-run: the producer keeps going
-        first.wait(timeout=30)
+        first.wait(timeout=PATIENCE_S)
         assert first.returncode == -signal.SIGKILL
         killed_at = dict(feeder.produced)
         time.sleep(0.5)
@@ -299,7 +300,7 @@ def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_w
             "records produced after the kill, and twenty observations of the group",
         )
         feeder.stop.set()
-        feeder.join(timeout=30)
+        feeder.join(timeout=PATIENCE_S)
         assert feeder.failure is None
         ends = _ends(feeder.produced)
 
@@ -309,12 +310,12 @@ def test_sigkill_mid_run_then_restart_lands_every_record_once_and_commits_only_w
 
         _wait_for(all_in, 60, "the restarted job to catch up")
         time.sleep(0.3)  # a few more observations of the final state
-        assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", "30").returncode == 0
+        assert reclock_in_process("--lake", str(lake), "stop", name, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
         assert second.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     finally:
         feeder.stop.set()
         watch.stop.set()
-        watch.join(timeout=30)
+        watch.join(timeout=PATIENCE_S)
         for started in jobs:
             if started.poll() is None:
                 os.killpg(started.pid, signal.SIGKILL)
@@ -456,13 +457,15 @@ def test_paused_broker_stalls_the_pipeline_then_it_recovers_and_loses_and_duplic
         try:
             resume = pipeline.resume_frontier
             _wait_for(
-                lambda: all(resume().covers(p, e - 1) for p, e in _ends(produced).items()), 30, "the first records"
+                lambda: all(resume().covers(p, e - 1) for p, e in _ends(produced).items()),
+                PATIENCE_S,
+                "the first records",
             )
             produced.update(_produce(producer, "paused", range(200, 400), partitions=2))  # in flight when paused
             own.pause()
             paused_at = time.monotonic()
             try:
-                _wait_for(lambda: any(h is Health.STALLED for t, h in history if t > paused_at), 20, "stalled")
+                _wait_for(lambda: any(h is Health.STALLED for t, h in history if t > paused_at), PATIENCE_S, "stalled")
                 time.sleep(max(0.0, 10 - (time.monotonic() - paused_at)))
                 assert pipeline.health is Health.STALLED and "Timeout" in (pipeline.last_error or "")
             finally:

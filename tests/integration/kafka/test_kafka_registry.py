@@ -48,6 +48,7 @@ from tests.registry_payloads import (
     protobuf_serializer,
 )
 from tests.tls import make_authority
+from tests.waiting import PATIENCE_S
 
 pytestmark = pytest.mark.kafka
 
@@ -286,7 +287,7 @@ def test_a_registry_outage_stalls_the_pipeline_and_it_resumes_exactly(broker, to
         v2 = [stream.v2(V1_RECORDS + i) for i in range(V2_RECORDS)]  # the producer registers version 2 ...
         registry.stop()  # ... then the registry goes away before the pipeline could resolve it
         later = produce.send(stream.topic, v2)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + PATIENCE_S
         while Health.STALLED not in healths:
             assert time.monotonic() < deadline, healths
             time.sleep(0.05)
@@ -460,7 +461,7 @@ def test_a_registry_whose_certificate_is_not_trusted_stalls_the_pipeline_naming_
         )
         runner.start()
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + PATIENCE_S
             while Health.STALLED not in healths:
                 assert time.monotonic() < deadline, healths
                 time.sleep(0.05)

@@ -26,6 +26,7 @@ from tests.faults.reader import DeltaLog, Remap, read_rows
 from tests.integration.helpers import write_config
 from tests.integration.kafka.test_kafka_pipeline import SCHEMA, _ends, _Feeder
 from tests.integration.s3 import S3Server, mirror
+from tests.waiting import PATIENCE_S
 
 pytestmark = [pytest.mark.usefixtures("reclock_processes")]
 
@@ -88,12 +89,12 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
         first = start()
         _wait_for(lambda: _status(s3_server, bucket, status_key).get("batches", 0) >= 4, 90, "four batches")
         os.killpg(first.pid, signal.SIGKILL)  # mid-run: the producer keeps going
-        assert first.wait(timeout=30) == -signal.SIGKILL
+        assert first.wait(timeout=PATIENCE_S) == -signal.SIGKILL
         killed_at = len(feeder.produced)
         second = start()
-        _wait_for(lambda: len(feeder.produced) > killed_at + 600, 30, "records produced after the kill")
+        _wait_for(lambda: len(feeder.produced) > killed_at + 600, PATIENCE_S, "records produced after the kill")
         feeder.stop.set()
-        feeder.join(timeout=30)
+        feeder.join(timeout=PATIENCE_S)
         assert feeder.failure is None
         ends = _ends(feeder.produced)
 
@@ -102,7 +103,7 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
             return all(resume.covers(p, end - 1) for p, end in ends.items())
 
         _wait_for(all_in, 90, "the restarted job to catch up")
-        stopped = reclock_in_process("--lake", lake_uri, "stop", name, "--wait", "30", env=env)
+        stopped = reclock_in_process("--lake", lake_uri, "stop", name, "--wait", f"{PATIENCE_S:.0f}", env=env)
         assert stopped.returncode == 0, stopped.stderr
         assert second.wait(timeout=60) == 0, (tmp_path / "job.stderr").read_text()[-3000:]
     finally:

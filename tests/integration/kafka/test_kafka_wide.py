@@ -16,6 +16,7 @@ import pyarrow as pa
 
 from reclock.sources.kafka import KafkaSource
 from reclock.timeline.frontier import OFFSET, PARTITION, Frontier
+from tests.waiting import PATIENCE_S
 
 PARTITIONS = 1_000
 
@@ -42,7 +43,7 @@ def test_the_first_probe_of_a_wide_topic_asks_for_ends_not_records(broker, topic
         before = _broker_cpu_s(broker.pid)
         upper = source.upper()
         probe_cpu = _broker_cpu_s(broker.pid) - before
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE_S
         while any(upper.offset(p) < n for p, n in expected.items()) and time.monotonic() < deadline:
             upper = source.upper()
         assert {p: upper.offset(p) for p in expected} == expected
@@ -84,7 +85,7 @@ def test_a_task_keeps_several_fetches_in_flight_to_one_leader(broker, topic, pro
     source = KafkaSource(broker.bootstrap, topics=[name], format="json", schema=pa.schema([("id", pa.int64())]))
     try:
         upper = source.upper()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + PATIENCE_S
         while any(upper.offset(p) < n for p, n in expected.items()) and time.monotonic() < deadline:
             upper = source.upper()
         splits = source.splits(Frontier(), upper)

@@ -25,6 +25,7 @@ from reclock.runtime.reports import BatchFailed
 from reclock.sources.postgres import PostgresSource
 from reclock.timeline.frontier import Frontier
 from tests.faults.reader import DeltaLog, label_of, read_rows
+from tests.waiting import PATIENCE_S
 
 
 def make_source(postgres, database: str, tmp_path: Path, **options) -> PostgresSource:
@@ -55,7 +56,7 @@ def drop_slot(postgres, database: str, slot: str) -> None:
     """Drop ``slot`` once no connection holds it: a reader whose batch just failed has closed its
     replication connection, but the server's walsender may take a moment to let the slot go (the
     suite saw "slot ... is active" here under load)."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + PATIENCE_S
     while query(postgres, database, f"SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'") == [(True,)]:
         assert time.monotonic() < deadline, f"slot {slot} still held after 30 s"
         time.sleep(0.05)

@@ -25,6 +25,7 @@ from reclock.sources.postgres.source import PostgresSource
 from tests import zygote
 from tests.faults.reader import DeltaLog, Remap, label_of, read_rows
 from tests.integration.postgres_source.test_postgres_source import drop_slot, execute, make_source, query
+from tests.waiting import PATIENCE_S
 
 OUTPUTS = ("public_a", "public_b", "public_c")
 TOTAL = 1_000  # a.v + c.v of id 1 once c exists: transactions move value between them
@@ -358,7 +359,7 @@ def test_a_running_job_lands_a_joining_table_and_status_lists_it(postgres, tmp_p
         status = reclock_cli("--lake", str(lake), "status", "pg", cwd=tmp_path)
         assert status.returncode == 0, status.stderr
         assert "public_c" in status.stdout, status.stdout
-        assert reclock_cli("--lake", str(lake), "stop", "pg", "--wait", "30").returncode == 0
+        assert reclock_cli("--lake", str(lake), "stop", "pg", "--wait", f"{PATIENCE_S:.0f}").returncode == 0
         job.wait(timeout=60)
     finally:
         if job.poll() is None:

@@ -33,6 +33,7 @@ from tests import zygote
 from tests.faults.reader import DeltaLog, read_rows
 from tests.integration.helpers import reclock_cli, write_config
 from tests.integration.s3 import mirror
+from tests.waiting import PATIENCE_S
 
 CHANGED = 1_000  # ids 1..CHANGED are updated, deleted or re-keyed by the stream
 
@@ -103,7 +104,7 @@ def _kill_inside_the_capture(
         with suppress(psycopg2.errors.LockNotAvailable), held.cursor() as cur:
             cur.execute("LOCK TABLE big IN ACCESS EXCLUSIVE MODE NOWAIT")
         os.killpg(job.pid, signal.SIGKILL)
-        job.wait(timeout=30)
+        job.wait(timeout=PATIENCE_S)
     assert not manifest(), "the kill landed after the capture: the test must kill inside it"
 
 

@@ -54,6 +54,7 @@ from reclock.persist.asof import read_as_of
 from tests import zygote
 from tests.faults.reader import _COMMIT, DeltaLog, Remap, read_rows
 from tests.integration.helpers import reclock_cli, write_config
+from tests.waiting import PATIENCE_S
 
 ACCOUNTS = 20
 START = 1_000
@@ -354,7 +355,7 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
                     time.sleep(0.1)  # the last job lives until the slot was sampled enough with jobs running
             capturing = _capturing(dsn)
             os.killpg(job.pid, signal.SIGKILL)
-            job.wait(timeout=30)
+            job.wait(timeout=PATIENCE_S)
             if held is not None:
                 held.close()  # lets the dead capture's waiting copies end
             # Dead now: a capture it started (its slot's snapshot exported) left no manifest.
@@ -374,7 +375,7 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
         for client in clients:
             client.stop.set()
         for client in clients:
-            client.join(timeout=30)
+            client.join(timeout=PATIENCE_S)
             assert client.failure is None, client.failure
         with closing(postgres.connect(db)) as conn, conn.cursor() as cur:
             cur.execute("SELECT pg_current_wal_flush_lsn() - '0/0', pg_current_wal_lsn()")
@@ -384,13 +385,13 @@ def test_transfers_land_whole_at_every_batch_time_through_kills(postgres, tmp_pa
             assert job.poll() is None, stderr.read_text()[-3000:]
             assert time.monotonic() < deadline, "the last run did not catch up"
             time.sleep(0.2)
-        assert reclock_cli("--lake", str(lake), "stop", NAME, "--wait", "30").returncode == 0
+        assert reclock_cli("--lake", str(lake), "stop", NAME, "--wait", f"{PATIENCE_S:.0f}").returncode == 0
         assert job.wait(timeout=60) == 0, stderr.read_text()[-3000:]
     finally:
         for client in clients:
             client.stop.set()
         watch.stop.set()
-        watch.join(timeout=30)
+        watch.join(timeout=PATIENCE_S)
         if job is not None and job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
 
