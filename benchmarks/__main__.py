@@ -18,6 +18,7 @@ SCENARIOS = [
     "stamping",
     "kafka_e2e",
     "kafka_partitions",
+    "kafka_timeouts",
     "freshness",
     "resume",
     "files",

@@ -47,13 +47,6 @@ CLOCKS = {"time", "monotonic", "perf_counter", "time_ns", "monotonic_ns", "perf_
 FLAGS = {"--max-seconds": "max-seconds", "--wait": "stop-wait"}
 EXPIRIES = {"TimeoutExpired", "TimeoutError", "Empty", "timeout", "OSError", "URLError"}
 
-# The bounds found when this check came (issue 37) and not yet rewritten: per file, the kinds it
-# may still hold. The list only shrinks: a file fails on a kind not listed for it, and a listed
-# kind it no longer holds fails too, so that it comes off the list.
-PENDING: dict[str, set[str]] = {
-    "tests/integration/kafka/test_kafka_source.py": {"elapsed"},
-}
-
 
 def _number(node: ast.AST) -> float | None:
     """The value of a literal number, a numeric string, or arithmetic of them; else None."""
@@ -221,10 +214,6 @@ def test_no_test_bounds_a_time_that_load_can_stretch():
     for path in _test_files():
         name = str(path.relative_to(TESTS.parent))
         bounds = bounds_in(path.read_text())
-        pending = PENDING.get(name, set())
-        gone = pending - {kind for _, kind in bounds}
-        assert not gone, f"{name} holds no {sorted(gone)} bound now: take it off PENDING"
-        bounds = [b for b in bounds if b[1] not in pending]
         if bounds:
             found[name] = bounds
     assert not found, "bounds on time a loaded machine can miss (wait with tests.waiting instead):\n" + "\n".join(

@@ -10,6 +10,7 @@ import json
 import logging
 import pickle
 import re
+import signal
 import time
 from collections import Counter
 
@@ -463,14 +464,16 @@ def test_paused_broker_makes_read_and_upper_time_out_with_a_retryable_error():
         (split,) = source.splits(Frontier(), upper)
         own.pause()
         try:
-            for attempt in (lambda: list(source.read(split)), source.upper):
-                started = time.monotonic()
-                with pytest.raises(SourceTimeout) as info:
-                    attempt()
+            # How soon each gives up (its read_timeout_s, not kafka-python's own 10 s wait for a new
+            # connection's first answer) is measured in benchmarks/scenarios/kafka_timeouts.py;
+            # here, that each gives up at all, with the retryable error that names its wait.
+            for attempt, said in (
+                (lambda: list(source.read(split)), r"made no progress for 1\.5s at offset 0"),
+                (source.upper, r"cannot reach the brokers"),
+            ):
+                with pytest.raises(SourceTimeout, match=said) as info:
+                    returned(attempt, "a read of a paused broker")
                 assert isinstance(info.value, TransientError)
-                # Its read_timeout_s with room for a loaded machine, not kafka-python's own 10 s
-                # wait for a new connection's first answer (a read once took 11.5 s this way).
-                assert time.monotonic() - started < 4 * source.read_timeout_s
         finally:
             own.resume()
         assert sum(b.num_rows for _, b in source.read(split)) == 20
@@ -481,10 +484,8 @@ def test_paused_broker_makes_read_and_upper_time_out_with_a_retryable_error():
         assert next(reading)[1].num_rows == 5
         own.pause()
         try:
-            started = time.monotonic()
-            with pytest.raises(SourceTimeout, match=r"no progress .* at offset 20"):
-                list(reading)
-            assert time.monotonic() - started < 4 * source.read_timeout_s
+            with pytest.raises(SourceTimeout, match=r"no progress for 1\.5s at offset 20"):
+                returned(lambda: list(reading), "a read paused in its middle")
         finally:
             own.resume()
         source.close()
@@ -567,9 +568,11 @@ def test_broker_stop_ends_its_own_process_even_with_clients_connected(broker):
     pid = own.pid
     producer = KafkaProducer(bootstrap_servers=own.bootstrap)
     producer.send("t", b"x").get(timeout=PATIENCE_S)
-    started = time.monotonic()
-    own.stop()
-    assert time.monotonic() - started < 4
+    process = own._proc
+    returned(own.stop, "the broker's stop")
+    # Tansu drains connected clients for about 5 s on SIGTERM; the stop does not wait that out but
+    # SIGKILLs after its own second (how long it takes: benchmarks/scenarios/kafka_timeouts.py).
+    assert process is not None and process.returncode == -signal.SIGKILL
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     producer.close(timeout=PATIENCE_S)
