@@ -315,7 +315,8 @@ def _run_leased(
     # while the data plane starts (a Spark session takes seconds). It also fences a driver that
     # lost the lease to this one: its next conditional write of the snapshot fails.
     status_publish.heartbeat(writer, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
-    source = source_of(lake, name, config, created_at)
+    with status_publish.failed_start(writer, name):
+        source = source_of(lake, name, config, created_at)
     try:
         plane = data_plane(config, source)
     except EngineUnavailable as exc:  # said by the command, once; the status keeps it for `reclock status`
@@ -333,24 +334,25 @@ def _run_leased(
             for tracker in trackers:
                 tracker.probed()
 
-    pipeline = starting(
-        stop,
-        config.settings,
-        "opening its tables",
-        lambda: Pipeline(
-            name,
-            lake,
-            source,
-            data_plane=plane,
-            settings=config.settings,
-            maintenance=config.maintenance,
-            windows=config.windows,
-            layouts=config.layouts,
-            fence=lease.check,
-            shapes=config.shapes,
-            on_step=on_step,
-        ),
-    )
+    with status_publish.failed_start(writer, name):  # a table that contradicts the definition
+        pipeline = starting(
+            stop,
+            config.settings,
+            "opening its tables",
+            lambda: Pipeline(
+                name,
+                lake,
+                source,
+                data_plane=plane,
+                settings=config.settings,
+                maintenance=config.maintenance,
+                windows=config.windows,
+                layouts=config.layouts,
+                fence=lease.check,
+                shapes=config.shapes,
+                on_step=on_step,
+            ),
+        )
     status = Status(pipeline=name, health=pipeline.health.value, pid=os.getpid())
     tracker = None
     if progress is not None:

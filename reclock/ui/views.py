@@ -42,6 +42,10 @@ HINTS = {
     "created": "defined, never started: reclock start NAME",
     "starting": "the job started and no batch has succeeded yet; Spark start-up takes about 10 s",
     "running": "nothing to do: watch lag and freshness",
+    "degraded": (
+        "every record of the last batch went to _errors, nothing is lost: reclock errors NAME, fix the "
+        "definition (reclock create --replace), restart, then reclock redrive NAME"
+    ),
     "stalled": "a batch is retried with backoff, nothing is lost; read the error and reclock errors NAME",
     "failed": "fix the cause, then reclock start NAME: the restart catches up",
     "stopped": "the job ended cleanly; reclock start NAME continues",
@@ -78,7 +82,9 @@ def _overview_row(snap: Snapshot, p: PipelineState) -> dict[str, Any]:
     batches = _batches(snap, p.name, 2)
     last = batches[-1] if batches else None
     lags = _latest_lags(snap, p.name)
-    error = "; ".join(p.problems) or (p.status.get("last_error") if state in ("stalled", "failed", "dead") else None)
+    # Any state's last error, a stopped or finished job's too: the final word of a job that
+    # ended stays on the page until the next start replaces it (as on the CLI).
+    error = "; ".join(p.problems) or p.status.get("last_error") or None
     return {
         "name": p.name,
         "source": p.source_kind,
