@@ -246,3 +246,28 @@ def test_the_browser_shows_each_state_its_error_and_hint(scene, browser, tmp_pat
         DOCS_IMAGES.mkdir(exist_ok=True)
         for shot in shots.iterdir():
             shutil.copy(shot, DOCS_IMAGES / shot.name)
+
+
+def _every_answer(scene: Scene) -> dict[str, str]:
+    paths = ["", "api/overview", "api/timeline"]
+    for name in scene.overview():
+        paths += [f"api/pipelines/{name}/series", f"api/pipelines/{name}/definition"]
+        paths += [f"api/pipelines/{name}/tables/{t}?limit=1000" for t in ("batches", "errors", "files", "offsets")]
+    return {path: scene.get(path) for path in paths}
+
+
+def test_no_secret_by_its_shape_in_any_answer_status_or_log(scene):
+    answers = _every_answer(scene)
+    for path, body in answers.items():
+        leaked = [s for s in SECRETS if s in body]
+        assert not leaked, (path, leaked)
+    vault = json.loads(answers["api/pipelines/vault/definition"])["source"]["storage_options"]
+    assert vault["access_key_id"].startswith("AKIA") and vault["access_key_id"].endswith("***"), vault
+    assert "password=***" in json.loads(answers["api/pipelines/pgdsn/definition"])["source"]["dsn"]
+    assert "postgres:***@" in json.loads(answers["api/pipelines/pgurl/definition"])["source"]["dsn"]
+    status = reclock_in_process("--lake", str(scene.lake), "status", "--json")
+    files = [*scene.folder.glob("*.log"), *scene.lake.rglob("status.json")]
+    texts = {str(f): f.read_text(errors="replace") for f in files} | {"status --json": status.stdout}
+    for where, text in texts.items():
+        leaked = [s for s in SECRETS if s in text]
+        assert not leaked, (where, leaked)
