@@ -13,6 +13,7 @@ HTTP and in headless Chromium, whose screenshots docs/operations.md shows (writt
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -221,6 +222,9 @@ def test_the_browser_shows_each_state_its_error_and_hint(scene, browser, tmp_pat
         )
 
     _wait(lambda: {"degraded", "failed", "halted"} <= set(problems()), 60, "the problem rows")
+    # The page works under its own Content-Security-Policy: nothing it needs was refused.
+    refused = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
+    assert not refused, refused
     shown = states()
     assert {n: s["state"] for n, s in shown.items()} == {n: r["state"] for n, r in scene.overview().items()}, shown
     # degraded is coloured like every other state, not an unstyled word.
@@ -271,3 +275,39 @@ def test_no_secret_by_its_shape_in_any_answer_status_or_log(scene):
     for where, text in texts.items():
         leaked = [s for s in SECRETS if s in text]
         assert not leaked, (where, leaked)
+
+
+def _raw(scene: Scene, method: str, path: str, host: str | None = None) -> http.client.HTTPResponse:
+    address = scene.url.split("//")[1].rstrip("/")
+    connection = http.client.HTTPConnection(address, timeout=30)
+    connection.putrequest(method, path, skip_host=host is not None)
+    if host is not None:
+        connection.putheader("Host", host)
+    connection.endheaders()
+    response = connection.getresponse()
+    response.body = response.read()  # type: ignore[attr-defined]
+    connection.close()
+    return response
+
+
+def test_a_foreign_host_is_refused_and_every_answer_carries_the_security_headers(scene):
+    port = scene.url.rstrip("/").rsplit(":", 1)[1]
+    # DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 sends its own Host.
+    for host in (f"evil.example:{port}", "evil.example", f"127.0.0.1.evil.example:{port}"):
+        refused = _raw(scene, "GET", "/api/pipelines/vault/definition", host)
+        assert refused.status == 403 and b"storage_options" not in refused.body, host
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
+        assert _raw(scene, "GET", "/api/overview", host).status == 200, host
+    for path in ("/", "/api/overview", "/static/app.js", "/nothing"):
+        response = _raw(scene, "GET", path)
+        assert response.getheader("X-Content-Type-Options") == "nosniff", path
+        policy = response.getheader("Content-Security-Policy") or ""
+        assert "default-src 'self'" in policy and "frame-ancestors 'none'" in policy, (path, policy)
+        assert response.getheader("X-Frame-Options") == "DENY", path
+        assert response.getheader("Referrer-Policy") == "no-referrer", path
+        assert response.getheader("Server") == "reclock-ui", (path, response.getheader("Server"))
+    head = _raw(scene, "HEAD", "/api/overview")
+    get = _raw(scene, "GET", "/api/overview")
+    assert head.status == 200 and head.body == b"" and head.getheader("Content-Type") == get.getheader("Content-Type")
+    post = _raw(scene, "POST", "/api/overview")
+    assert post.status == 405 and post.getheader("Allow") == "GET, HEAD"
