@@ -74,7 +74,8 @@ def serve(lake: Lake, args: argparse.Namespace) -> int:
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     page.start()
     count = len(page.view.snapshot.pipelines)
-    print(f"reclock ui: {count} pipelines of {lake.uri} on {page.url} (read-only; Ctrl-C to stop)", flush=True)
+    pipelines = f"{count} pipeline{'' if count == 1 else 's'}"
+    print(f"reclock ui: {pipelines} of {lake.uri} on {page.url} (read-only; Ctrl-C to stop)", flush=True)
     try:
         stop.wait()
     except KeyboardInterrupt:

@@ -310,7 +310,7 @@ def _recipes(lake: str, names: list[str], as_of: int, outputs: Mapping[str, list
         ),
         "duckdb": (
             "import duckdb  # with the delta extension (pip install duckdb-extension-delta)\n\n"
-            f"con.sql(\"SELECT * FROM delta_scan('{table}') WHERE _into_ts <= {as_of}\")"
+            f"duckdb.sql(\"SELECT * FROM delta_scan('{table}') WHERE _into_ts <= {as_of}\").show()"
         ),
         "spark": (
             f"{comment}from reclock.persist.asof import read_as_of_spark\n\n"

@@ -311,3 +311,34 @@ def test_a_foreign_host_is_refused_and_every_answer_carries_the_security_headers
     assert head.status == 200 and head.body == b"" and head.getheader("Content-Type") == get.getheader("Content-Type")
     post = _raw(scene, "POST", "/api/overview")
     assert post.status == 405 and post.getheader("Allow") == "GET, HEAD"
+
+
+def test_every_python_recipe_defines_what_it_uses_and_the_start_line_counts_right(scene, tmp_path):
+    import ast
+    import builtins
+
+    recipes = json.loads(scene.get("api/timeline?pipelines=healthy"))["cut"]["recipes"]
+    for name in ("read_as_of", "polars", "duckdb", "spark"):
+        tree = ast.parse(recipes[name])
+        bound = {
+            a.asname or a.name.split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import | ast.ImportFrom)
+            for a in n.names
+        }
+        bound |= {
+            t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)
+        }
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assert used - bound - set(dir(builtins)) <= {"spark"}, (name, recipes[name])  # the reader's own session
+    lake = tmp_path / "lake"
+    _create(tmp_path, "only", _generator("only", lake))
+    ui = zygote.popen(
+        ["--lake", str(lake), "ui", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert ui.stdout is not None
+        assert ui.stdout.readline().startswith(f"reclock ui: 1 pipeline of {lake} on http://127.0.0.1:")
+    finally:
+        ui.send_signal(signal.SIGTERM)
+        ui.wait(timeout=30)
