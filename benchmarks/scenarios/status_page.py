@@ -1,13 +1,13 @@
-"""The status page's own cost: every endpoint of ``reclock ui`` over a lake of 20 pipelines and
+"""The status page's own cost: every endpoint of ``reclock ui`` over a lake of 50 pipelines and
 100,000 batches.
 
-The lake is built directly and cheaply, as the jobs would have left it: 20 generator pipelines
+The lake is built directly and cheaply, as the jobs would have left it: 50 generator pipelines
 (definition, ``status.json``, one binding in the remap table, two output tables carrying their
 commit label), and the status tables written in one go: 100,000 batches of two splits each in
 ``batches`` (200,000 rows), as many ``offsets`` rows, 2,000 ``errors`` rows. The page's server
 then runs in this process, and each endpoint is asked ``runs`` times over HTTP on loopback.
 
-Target (issue 24): every endpoint answers in under 200 ms: the ratio is 200 ms over an
+Target (issues 24 and 41): every endpoint answers in under 200 ms: the ratio is 200 ms over an
 endpoint's slowest answer, at least 1. The refresh that reads the lake runs apart from the
 requests, once per ``refresh_s`` whatever the number of viewers; its time is recorded too, cold
 (first read of every table), warm (nothing changed) and after one more batch of status rows.
@@ -15,10 +15,12 @@ requests, once per ``refresh_s`` whatever the number of viewers; its time is rec
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,7 +29,8 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from benchmarks.harness import Ratio, ScenarioResult
 from reclock.job import lifecycle
 from reclock.job.config import parse_config
-from reclock.job.status import Status, write_status
+from reclock.job.status import Status
+from reclock.persist import conditional
 from reclock.persist.lake import Lake, sink_id
 from reclock.persist.remap import RemapTable
 from reclock.persist.status_tables import STATUS_SCHEMAS
@@ -36,7 +39,7 @@ from reclock.ui.server import StatusPage
 
 __all__ = ["run"]
 
-PIPELINES = 20
+PIPELINES = 50
 BATCHES = 100_000
 TARGET_MS = 200.0
 
@@ -62,14 +65,15 @@ def run(full: bool = False) -> ScenarioResult:
                 "page": "",
                 "script": "static/app.js",
                 "overview": "api/overview",
-                "timeline (20 pipelines)": "api/timeline",
+                "timeline (50 pipelines)": "api/timeline",
                 "timeline (3 selected)": "api/timeline?pipelines=p00,p07,p13",
                 "series": "api/pipelines/p07/series",
                 "batches, page 1": "api/pipelines/p07/tables/batches?limit=50",
-                "batches, page 100": "api/pipelines/p07/tables/batches?offset=4950&limit=50",
+                "batches, page 100": "api/pipelines/p07/tables/batches?offset=1950&limit=50",
                 "batches, filtered": "api/pipelines/p07/tables/batches?where.partition=gen-1&limit=50",
                 "errors": "api/pipelines/p07/tables/errors",
                 "offsets": "api/pipelines/p07/tables/offsets",
+                "definition": "api/pipelines/p07/definition",
                 "files": "api/pipelines/p07/tables/files",
             }
             timings = {name: _timed(page.url + path, runs) for name, path in endpoints.items()}
@@ -126,7 +130,9 @@ def _build(lake: Lake) -> int:
                 pa.Table.from_pylist([{**row, "_into_ts": upper - 1, "_partition": "gen-0", "_offset": 7}]),
                 commit_properties=CommitProperties(app_transactions=[Transaction(sink_id(name, output), upper - 1)]),
             )
-        write_status(lake, Status(name, "stopped", batches=per, bindings=1, resume_upper=upper, updated_ms=now))
+        status = Status(name, "stopped", batches=per, bindings=1, resume_upper=upper, updated_ms=now)
+        # As a job's StatusWriter leaves it (without the lease a job holds while it writes).
+        conditional.put(lake.store, lake.status_path(name), json.dumps(asdict(status), indent=1), None)
     batches, offsets = [], []
     for name in names:
         for b in range(per):

@@ -26,6 +26,13 @@ def register(commands: argparse._SubParsersAction, lake: Callable[[argparse.Name
         default="127.0.0.1",
         help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 lets anyone who reaches it read it)",
     )
+    ui.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a host name the page may be reached by, besides IP addresses and localhost (repeatable)",
+    )
     ui.add_argument("--refresh", type=_refresh, default=None, help="seconds between two reads of the lake (default 2)")
     ui.set_defaults(func=lambda args: serve(lake(args), args))
 
@@ -54,14 +61,21 @@ def serve(lake: Lake, args: argparse.Namespace) -> int:
     from reclock.ui.server import DEFAULT_REFRESH_S, StatusPage
 
     try:
-        page = StatusPage(lake, host=args.host, port=args.port, refresh_s=args.refresh or DEFAULT_REFRESH_S)
+        page = StatusPage(
+            lake,
+            host=args.host,
+            port=args.port,
+            refresh_s=args.refresh or DEFAULT_REFRESH_S,
+            allowed_hosts=tuple(args.allow_host),
+        )
     except OSError as exc:  # the port is taken, or the address is not this machine's
         raise ConfigError("--port", f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}") from None
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     page.start()
     count = len(page.view.snapshot.pipelines)
-    print(f"reclock ui: {count} pipelines of {lake.uri} on {page.url} (read-only; Ctrl-C to stop)", flush=True)
+    pipelines = f"{count} pipeline{'' if count == 1 else 's'}"
+    print(f"reclock ui: {pipelines} of {lake.uri} on {page.url} (read-only; Ctrl-C to stop)", flush=True)
     try:
         stop.wait()
     except KeyboardInterrupt:

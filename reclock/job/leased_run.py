@@ -87,24 +87,25 @@ class LeasedRun:
     def open_pipeline(self, source: Source, plane: DataPlane, progress: TextIO | ProgressView | None) -> None:
         """Open the pipeline's tables and state (retried while the lake is unreachable)."""
         config = self.config
-        self.pipeline = starting(
-            self.stop,
-            config.settings,
-            "opening its tables",
-            lambda: Pipeline(
-                self.name,
-                self.lake,
-                source,
-                data_plane=plane,
-                settings=config.settings,
-                maintenance=config.maintenance,
-                windows=config.windows,
-                layouts=config.layouts,
-                fence=self.lease.check,
-                shapes=config.shapes,
-                on_step=self.on_step,
-            ),
-        )
+        with status_publish.failed_start(self.writer, self.name):  # a table that contradicts the definition
+            self.pipeline = starting(
+                self.stop,
+                config.settings,
+                "opening its tables",
+                lambda: Pipeline(
+                    self.name,
+                    self.lake,
+                    source,
+                    data_plane=plane,
+                    settings=config.settings,
+                    maintenance=config.maintenance,
+                    windows=config.windows,
+                    layouts=config.layouts,
+                    fence=self.lease.check,
+                    shapes=config.shapes,
+                    on_step=self.on_step,
+                ),
+            )
         self.status = Status(pipeline=self.name, health=self.pipeline.health.value, pid=os.getpid())
         if progress is not None:
             self.tracker = Tracker(_view(progress), self.pipeline, self.status)

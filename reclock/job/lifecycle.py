@@ -310,7 +310,8 @@ def _run_leased(
     # while the data plane starts (a Spark session takes seconds). It also fences a driver that
     # lost the lease to this one: its next conditional write of the snapshot fails.
     status_publish.heartbeat(writer, Status(pipeline=name, health=Health.STARTING.value, pid=os.getpid()))
-    source = source_of(lake, name, config, created_at)
+    with status_publish.failed_start(writer, name):
+        source = source_of(lake, name, config, created_at)
     try:
         plane = data_plane(config, source)
     except EngineUnavailable as exc:  # said by the command, once; the status keeps it for `reclock status`

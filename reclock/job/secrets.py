@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reclock.errors import ConfigError
+from reclock.masking import masked
 
 __all__ = ["conceal", "expand", "expand_storage_options", "hidden", "redacted"]
 
@@ -32,9 +33,11 @@ _SECRET = re.compile(r"pass(word|wd|phrase)?($|_)|secret|token|credential|privat
 def redacted(value: Any, key: str = "", *, secret: bool = False) -> Any:
     """A copy safe for logs and status tables: values under secret-looking keys are masked.
 
-    Masking goes by the key alone, whatever the value's type (``sasl_plain_password = 99887766``
+    Masking goes by the key, whatever the value's type (``sasl_plain_password = 99887766``
     is a number in TOML), and reaches everything nested under such a key. Only ``None`` and
-    ``""`` stay visible: they show that no secret is set, not what it is.
+    ``""`` stay visible: they show that no secret is set, not what it is. Under any other key a
+    string is masked by its shape (:func:`reclock.masking.masked`: an ``access_key_id``, the
+    ``password=`` of a ``dsn``).
     """
     secret = secret or bool(_SECRET.search(key))
     if isinstance(value, Mapping):
@@ -43,7 +46,7 @@ def redacted(value: Any, key: str = "", *, secret: bool = False) -> Any:
         return [redacted(v, key, secret=secret) for v in value]
     if secret and value is not None and value != "":
         return "***"
-    return value
+    return masked(value) if isinstance(value, str) else value
 
 
 def expand(value: Any, key: str, file: str | None) -> Any:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from reclock.errors import ReclockError
+from reclock.masking import masked
 from reclock.persist import conditional
 from reclock.persist.lake import Lake
 from reclock.persist.lease import Lease, read_lease
@@ -81,7 +82,7 @@ class StatusWriter:
         self._tag = None if found is None else found[1]
 
     def write(self, status: Status) -> None:
-        text = json.dumps(asdict(status), indent=1)
+        text = masked(json.dumps(asdict(status), indent=1))  # an error may quote a DSN or a key id
         self.lease.check()
         try:
             self._tag = conditional.put(self.lake.store, self.path, text, self._tag, durable=False)

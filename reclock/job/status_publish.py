@@ -9,19 +9,22 @@ share one lock: the heartbeat re-stamps the snapshot a batch is filling in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import threading
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
 
-from reclock.errors import ReclockError
+from reclock.errors import ReclockError, describe
 from reclock.job.status import HEARTBEAT_S, Status, StatusWriter
 from reclock.runtime.pipeline import Pipeline
 from reclock.sources.base import SourceBase
 from reclock.timeline.frontier import Frontier, Partition, encode_partition, wall_clock_ms
 
-__all__ = ["heartbeat", "publish", "say"]
+__all__ = ["failed_start", "heartbeat", "publish", "say"]
 
 log = logging.getLogger("reclock.job")
 
@@ -52,6 +55,18 @@ def say(writer: StatusWriter, status: Status, **changes: Any) -> None:
             writer.write(status)
         except (OSError, ReclockError) as exc:
             log.warning("pipeline %s: could not publish its status: %s", status.pipeline, exc)
+
+
+@contextlib.contextmanager
+def failed_start(writer: StatusWriter, name: str) -> Iterator[None]:
+    """A start-up step that raises leaves ``failed`` with its error, not ``starting``: a job that
+    exits while ``starting`` reads as ``dead`` ("killed?"), which hides a refusal the job knew
+    (a source folder that is gone, a store that cannot be reached; issue 41, item 3)."""
+    try:
+        yield
+    except Exception as exc:
+        say(writer, Status(pipeline=name, health="failed", last_error=describe(exc), pid=os.getpid()))
+        raise
 
 
 def publish(

@@ -13,6 +13,9 @@ own logging, and other chatty libraries (py4j at DEBUG) stay quiet. Spark's
 own log4j output is configured separately, by :func:`spark_conf`: quiet (errors only) by default,
 or, with ``$RECLOCK_SPARK_LOG`` naming a file, written there at INFO and kept out of the terminal.
 
+Every line is masked of secrets of a known shape (:func:`reclock.masking.masked`: an AWS key id, a
+``password=`` in a DSN) whatever logged it: a library's message can quote a connection string.
+
 The progress line of ``reclock start`` is not a log line: it goes to stdout, the log to stderr.
 """
 
@@ -29,6 +32,8 @@ import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar
 from typing import TextIO
+
+from reclock.masking import masked
 
 __all__ = [
     "BATCH_ID",
@@ -111,7 +116,7 @@ class _TextFormatter(logging.Formatter):
                 exc = record.exc_info[1]
                 first = str(exc).strip().splitlines()[:1]
                 line += f" ({type(exc).__name__}{': ' + first[0] if first else ''})"
-        return line
+        return masked(line)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -129,7 +134,7 @@ class _JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
+        return masked(json.dumps(entry))
 
 
 def _utc(created: float) -> str:

@@ -5,7 +5,9 @@ which needs no framework and no dependency (design note: ``docs/design/20261125_
 One thread refreshes the :class:`~reclock.ui.lake_view.LakeView` every ``refresh_s`` seconds;
 request threads only read its latest snapshot, so a slow lake slows the refresh, never a page.
 
-Endpoints (all ``GET``, all JSON but ``/`` and ``/static/...``):
+Endpoints (all ``GET`` or ``HEAD``, all JSON but ``/`` and ``/static/...``; any other method is
+405). A request whose ``Host`` is not this server's (see :meth:`StatusPage.host_allowed`) is
+refused with 403, and every answer carries :data:`SECURITY_HEADERS`:
 
 * ``/api/overview``: every pipeline's row (:func:`reclock.ui.views.overview`);
 * ``/api/pipelines/<name>/series``: its charts (:func:`reclock.ui.views.series`);
@@ -15,11 +17,13 @@ Endpoints (all ``GET``, all JSON but ``/`` and ``/static/...``):
 Nothing it serves carries a secret: definitions are shown through
 :func:`reclock.job.secrets.redacted`, storage options are never shown, and as a last guard every
 response is scrubbed of the values of secret-looking storage options and of every environment
-variable a definition references as ``${NAME}``.
+variable a definition references as ``${NAME}``, and of every secret of a known shape (an AWS key
+id, a ``password=``, a URL's ``user:password@``: :mod:`reclock.masking`).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -32,11 +36,12 @@ from typing import Any
 
 from reclock.job import lifecycle
 from reclock.job.secrets import redacted
+from reclock.masking import masked
 from reclock.persist.lake import Lake
 from reclock.ui import views
 from reclock.ui.lake_view import LakeView
 
-__all__ = ["DEFAULT_REFRESH_S", "StatusPage"]
+__all__ = ["DEFAULT_REFRESH_S", "SECURITY_HEADERS", "StatusPage"]
 
 log = logging.getLogger("reclock.ui")
 
@@ -46,6 +51,18 @@ DEFAULT_REFRESH_S = 2.0
 _STATIC = resources.files("reclock.ui") / "static"
 _TYPES = {".html": "text/html", ".js": "text/javascript", ".css": "text/css", ".txt": "text/plain", ".png": "image/png"}
 _TABLES = ("batches", "errors", "files", "offsets")
+#: Every answer's headers: nothing is sniffed, framed, sent to another origin or run from elsewhere.
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+        "object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
 #: Shorter values are not scrubbed: a secret of two characters would blank out every number.
 _MIN_SECRET = 4
 
@@ -54,9 +71,16 @@ class StatusPage:
     """The server over one lake: :meth:`start` serves in background threads, :meth:`close` stops."""
 
     def __init__(
-        self, lake: Lake, *, host: str = "127.0.0.1", port: int = 0, refresh_s: float = DEFAULT_REFRESH_S
+        self,
+        lake: Lake,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        refresh_s: float = DEFAULT_REFRESH_S,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         self.lake, self.host = lake, host
+        self.allowed_hosts = frozenset(h.lower() for h in allowed_hosts)
         self.view = LakeView(lake)
         self.refresh_s = refresh_s
         self._stop = threading.Event()
@@ -128,12 +152,32 @@ class StatusPage:
         errors = self.view.record_errors(name) if kind == "errors" else None
         return views.table(snap, name, kind, offset=offset, limit=limit, where=where, record_errors=errors, files=files)
 
+    def host_allowed(self, header: str | None) -> bool:
+        """Whether a request's ``Host`` names this server: an IP address, ``localhost`` (or a name
+        under it), or a name given with ``--allow-host``. A DNS-rebinding page reaches the port
+        under its own name, which resolves to this machine, and sends that name: it is refused,
+        so it cannot read the answers (same-origin keeps it from reading anything else)."""
+        if not header:
+            return False
+        name = header.strip().lower()
+        if name.startswith("["):  # [::1]:8765
+            name = name[1 : name.find("]")] if "]" in name else name
+        elif name.count(":") == 1:
+            name = name.split(":")[0]
+        try:
+            ipaddress.ip_address(name)
+            return True
+        except ValueError:
+            pass
+        return name == "localhost" or name.endswith(".localhost") or name in self.allowed_hosts
+
     def scrub(self, text: str) -> str:
-        """``text`` without any secret the server can know of (see the module doc)."""
+        """``text`` without any secret the server can know of (see the module doc), nor any of a
+        known shape (:func:`reclock.masking.masked`)."""
         for secret in self._secrets | _env_secrets(self.view.snapshot):
             for form in {secret, json.dumps(secret)[1:-1]}:
                 text = text.replace(form, "***")
-        return text
+        return masked(text)
 
 
 def _int(text: str | None, default: int) -> int:
@@ -160,7 +204,26 @@ def _handler(page: StatusPage) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "reclock-ui"
 
+        def version_string(self) -> str:  # not Python's version: nothing to fingerprint
+            return self.server_version
+
+        def do_HEAD(self) -> None:
+            self._head_only = True
+            self.do_GET()
+
+        def _refuse_method(self) -> None:
+            self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+            self.send_header("Allow", "GET, HEAD")
+            self._close_headers(b"read-only: GET and HEAD only")
+
+        do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _refuse_method
+
         def do_GET(self) -> None:
+            if not page.host_allowed(self.headers.get("Host")):
+                host = self.headers.get("Host")
+                log.warning("ui: refused a request for host %r (allow it with --allow-host)", host)
+                self._send(HTTPStatus.FORBIDDEN, "text/plain", b"unknown Host: start reclock ui with --allow-host NAME")
+                return
             url = urllib.parse.urlsplit(self.path)
             query = dict(urllib.parse.parse_qsl(url.query))
             if url.path.startswith("/api/"):
@@ -182,10 +245,17 @@ def _handler(page: StatusPage) -> type[BaseHTTPRequestHandler]:
         def _send(self, status: HTTPStatus, kind: str, body: bytes) -> None:
             self.send_response(status)
             self.send_header("Content-Type", f"{kind}; charset=utf-8" if kind.startswith("text") else kind)
+            self._close_headers(body)
+
+        def _close_headers(self, body: bytes) -> None:
+            """The headers every answer carries, then the body (none for HEAD)."""
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
+            for header, value in SECURITY_HEADERS.items():
+                self.send_header(header, value)
             self.end_headers()
-            self.wfile.write(body)
+            if not getattr(self, "_head_only", False):
+                self.wfile.write(body)
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("ui: " + format, *args)

@@ -42,6 +42,10 @@ HINTS = {
     "created": "defined, never started: reclock start NAME",
     "starting": "the job started and no batch has succeeded yet; Spark start-up takes about 10 s",
     "running": "nothing to do: watch lag and freshness",
+    "degraded": (
+        "every record of the last batch went to _errors, nothing is lost: reclock errors NAME, fix the "
+        "definition (reclock create --replace), restart, then reclock redrive NAME"
+    ),
     "stalled": "a batch is retried with backoff, nothing is lost; read the error and reclock errors NAME",
     "failed": "fix the cause, then reclock start NAME: the restart catches up",
     "stopped": "the job ended cleanly; reclock start NAME continues",
@@ -78,7 +82,9 @@ def _overview_row(snap: Snapshot, p: PipelineState) -> dict[str, Any]:
     batches = _batches(snap, p.name, 2)
     last = batches[-1] if batches else None
     lags = _latest_lags(snap, p.name)
-    error = "; ".join(p.problems) or (p.status.get("last_error") if state in ("stalled", "failed", "dead") else None)
+    # Any state's last error, a stopped or finished job's too: the final word of a job that
+    # ended stays on the page until the next start replaces it (as on the CLI).
+    error = "; ".join(p.problems) or p.status.get("last_error") or None
     return {
         "name": p.name,
         "source": p.source_kind,
@@ -304,7 +310,7 @@ def _recipes(lake: str, names: list[str], as_of: int, outputs: Mapping[str, list
         ),
         "duckdb": (
             "import duckdb  # with the delta extension (pip install duckdb-extension-delta)\n\n"
-            f"con.sql(\"SELECT * FROM delta_scan('{table}') WHERE _into_ts <= {as_of}\")"
+            f"duckdb.sql(\"SELECT * FROM delta_scan('{table}') WHERE _into_ts <= {as_of}\").show()"
         ),
         "spark": (
             f"{comment}from reclock.persist.asof import read_as_of_spark\n\n"

@@ -28,6 +28,8 @@ function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+const UNHEALTHY = ["degraded", "stalled", "failed", "dead"];
+
 function isClosed(ms) { return ms !== null && ms !== undefined && ms >= 9.2e18; }
 
 function when(ms) {
@@ -76,9 +78,14 @@ function drawOverview(data) {
     );
     row.addEventListener("click", () => selectPipeline(p.name));
     body.append(row);
-    if (p.error) {
-      body.append(el("tr", { class: "problem", "data-problem": p.name },
-        el("td", { colSpan: 9 }, `${p.error} — ${p.hint}`)));
+    // An unhealthy state always gets its row: the error and what to do (the hint is the same
+    // text `reclock status` explains); any other state's last error stays, marked as the last.
+    const unhealthy = UNHEALTHY.includes(p.state);
+    if (p.error || unhealthy) {
+      const error = !p.error ? "" : unhealthy ? p.error : `last error: ${p.error}`;
+      body.append(el("tr", { class: unhealthy ? "problem" : "problem past", "data-problem": p.name },
+        el("td", { colSpan: 9 }, el("span", { class: "error" }, error), error ? " — " : "",
+          el("span", { class: "hint" }, p.hint))));
     }
   }
   const select = document.getElementById("pipeline-select");
