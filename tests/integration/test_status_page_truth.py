@@ -19,9 +19,8 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ import pytest
 from tests import zygote
 from tests.cli import reclock_in_process
 from tests.integration.postgres_source.test_postgres_source import execute
+from tests.waiting import PATIENCE_S, wait_until
 
 pytestmark = pytest.mark.usefixtures("reclock_processes")
 
@@ -58,14 +58,11 @@ def _create(folder: Path, name: str, text: str) -> None:
     assert created.returncode == 0, created.stderr
 
 
-def _wait(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+def _last_error(lake: Path, name: str) -> str | None:
+    """The pipeline's last error as ``reclock status --json`` says it (the lake's own word)."""
+    done = reclock_in_process("--lake", str(lake), "status", "--json")
+    rows = {r["pipeline"]: r for r in json.loads(done.stdout)} if done.returncode == 0 else {}
+    return rows.get(name, {}).get("last_error")
 
 
 class Scene:
@@ -102,7 +99,7 @@ class Scene:
         self.url = line.split(" on ")[1].split()[0]
 
     def get(self, path: str) -> str:
-        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=30) as response:
+        with urllib.request.urlopen(self.url + path.lstrip("/"), timeout=PATIENCE_S) as response:
             return response.read().decode()
 
     def overview(self) -> dict[str, dict]:
@@ -111,11 +108,11 @@ class Scene:
     def close(self) -> None:
         if self.ui is not None and self.ui.poll() is None:
             self.ui.send_signal(signal.SIGTERM)
-            self.ui.wait(timeout=30)
+            self.ui.wait(timeout=PATIENCE_S)
         for job in self.jobs.values():
             if job.poll() is None:
                 os.killpg(job.pid, signal.SIGKILL)
-                job.wait(timeout=30)
+                job.wait(timeout=PATIENCE_S)
 
 
 @pytest.fixture(scope="module")
@@ -158,17 +155,19 @@ def scene(tmp_path_factory, s3_server, postgres) -> Iterator[Scene]:
         )
     inbox.rmdir()  # gone before its first start: the start fails
     try:
-        assert scene.start("failed").wait(timeout=120) == 2
-        assert scene.start("halted", "--max-seconds", "3").wait(timeout=120) == 0
+        assert scene.start("failed").wait(timeout=PATIENCE_S) == 2
+        halted = scene.start("halted")  # stopped once its failing batches have said so
+        wait_until(lambda: _last_error(scene.lake, "halted"), "the halted pipeline's first failed batch", every=0.5)
+        assert reclock_in_process("--lake", str(scene.lake), "stop", "halted").returncode == 0
+        assert halted.wait(timeout=PATIENCE_S) == 0
         scene.start("healthy")
         scene.start("degraded")
         scene.serve()
-        _wait(
+        wait_until(
             lambda: (
                 {n: r["state"] for n, r in scene.overview().items() if n in ("healthy", "degraded")}
                 == {"healthy": "running", "degraded": "degraded"}
             ),
-            120,
             "healthy running and degraded degraded",
         )
         yield scene
@@ -221,7 +220,7 @@ def test_the_browser_shows_each_state_its_error_and_hint(scene, browser, tmp_pat
             " return [tr.dataset.pipeline, {state: s.dataset.state, colour: getComputedStyle(s).backgroundColor}]; }))"
         )
 
-    _wait(lambda: {"degraded", "failed", "halted"} <= set(problems()), 60, "the problem rows")
+    wait_until(lambda: {"degraded", "failed", "halted"} <= set(problems()), "the problem rows")
     # The page works under its own Content-Security-Policy: nothing it needs was refused.
     refused = [e["message"] for e in browser.get_log("browser") if "Content Security Policy" in e["message"]]
     assert not refused, refused
@@ -239,9 +238,8 @@ def test_the_browser_shows_each_state_its_error_and_hint(scene, browser, tmp_pat
     browser.save_screenshot(str(shots / "ui-states.png"))
     for name in ("healthy", "degraded", "failed"):
         browser.execute_script("document.querySelector(`#overview tr[data-pipeline='${arguments[0]}']`).click()", name)
-        _wait(
+        wait_until(
             lambda n=name: browser.execute_script("return window.reclockUI.series?.pipeline") == n,
-            30,
             f"the page of {name}",
         )
         browser.execute_script("document.getElementById('pipeline-panel').scrollIntoView()")
@@ -279,7 +277,7 @@ def test_no_secret_by_its_shape_in_any_answer_status_or_log(scene):
 
 def _raw(scene: Scene, method: str, path: str, host: str | None = None) -> http.client.HTTPResponse:
     address = scene.url.split("//")[1].rstrip("/")
-    connection = http.client.HTTPConnection(address, timeout=30)
+    connection = http.client.HTTPConnection(address, timeout=PATIENCE_S)
     connection.putrequest(method, path, skip_host=host is not None)
     if host is not None:
         connection.putheader("Host", host)
@@ -341,4 +339,4 @@ def test_every_python_recipe_defines_what_it_uses_and_the_start_line_counts_righ
         assert ui.stdout.readline().startswith(f"reclock ui: 1 pipeline of {lake} on http://127.0.0.1:")
     finally:
         ui.send_signal(signal.SIGTERM)
-        ui.wait(timeout=30)
+        ui.wait(timeout=PATIENCE_S)
