@@ -19,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,13 +107,34 @@ class Scene:
         return {row["name"]: row for row in json.loads(self.get("api/overview"))["pipelines"]}
 
     def close(self) -> None:
-        if self.ui is not None and self.ui.poll() is None:
-            self.ui.send_signal(signal.SIGTERM)
-            self.ui.wait(timeout=PATIENCE_S)
-        for job in self.jobs.values():
-            if job.poll() is None:
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait(timeout=PATIENCE_S)
+        try:
+            if self.ui is not None and self.ui.poll() is None:
+                self.ui.send_signal(signal.SIGTERM)
+                _stopped_or_explained(self.ui, self.folder / "ui.log")
+        finally:
+            for job in self.jobs.values():
+                if job.poll() is None:
+                    os.killpg(job.pid, signal.SIGKILL)
+                    job.wait(timeout=PATIENCE_S)
+
+
+def _stopped_or_explained(ui: subprocess.Popen, log: Path) -> None:
+    """Wait for ``reclock ui`` to end after its SIGTERM; if it has not within the patience, fail
+    with what each of its threads was doing (py-spy) and its log's end, then SIGKILL it. One suite
+    run beside a CPU hog saw it not end within 120 s, and nothing was left to say why."""
+    try:
+        ui.wait(timeout=PATIENCE_S)
+        return
+    except subprocess.TimeoutExpired:
+        spy = Path(sys.executable).with_name("py-spy")
+        dump = subprocess.run([str(spy), "dump", "--pid", str(ui.pid)], capture_output=True, text=True)
+        ui.kill()
+        ui.wait(timeout=PATIENCE_S)
+        tail = log.read_text(errors="replace")[-3000:]
+        raise AssertionError(
+            f"reclock ui did not stop on SIGTERM within {PATIENCE_S:.0f} s; its threads:\n"
+            f"{dump.stdout}{dump.stderr}\nthe end of its log:\n{tail}"
+        ) from None
 
 
 @pytest.fixture(scope="module")
