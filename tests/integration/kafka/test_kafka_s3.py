@@ -87,7 +87,7 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
 
     try:
         first = start()
-        _wait_for(lambda: _status(s3_server, bucket, status_key).get("batches", 0) >= 4, 90, "four batches")
+        _wait_for(lambda: _status(s3_server, bucket, status_key).get("batches", 0) >= 4, PATIENCE_S, "four batches")
         os.killpg(first.pid, signal.SIGKILL)  # mid-run: the producer keeps going
         assert first.wait(timeout=PATIENCE_S) == -signal.SIGKILL
         killed_at = len(feeder.produced)
@@ -102,7 +102,7 @@ def test_kafka_pipeline_into_an_s3_lake_sigkilled_and_restarted_lands_every_reco
             resume = Frontier.from_json(_status(s3_server, bucket, status_key).get("resume_frontier", "{}"))
             return all(resume.covers(p, end - 1) for p, end in ends.items())
 
-        _wait_for(all_in, 90, "the restarted job to catch up")
+        _wait_for(all_in, PATIENCE_S, "the restarted job to catch up")
         stopped = reclock_in_process("--lake", lake_uri, "stop", name, "--wait", f"{PATIENCE_S:.0f}", env=env)
         assert stopped.returncode == 0, stopped.stderr
         assert second.wait(timeout=60) == 0, (tmp_path / "job.stderr").read_text()[-3000:]
