@@ -91,7 +91,7 @@ from reclock.sources.postgres.snapshot import (
     copy_rows,
     read_chunk,
 )
-from reclock.sources.postgres.state import StateFolder
+from reclock.sources.state import StateFolder
 from reclock.sources.postgres.stream import read_range
 from reclock.timeline.frontier import Frontier, Partition, encode_partition
 
