@@ -82,7 +82,7 @@ def read_range(
     file, pos = position_of(start, base)
     settings = {k: v for k, v in options.connection().items() if k != "password"}
     stream = BinLogStreamReader(
-        connection_settings={**settings, "passwd": options.password},
+        connection_settings={**settings, "password": options.password},
         server_id=options.server_id,
         log_file=file,
         log_pos=pos,
