@@ -45,9 +45,7 @@ def _write(server: MariaDBServer, changes: int) -> tuple[str, int, str, int]:
             cur.executemany("INSERT INTO events VALUES (%s, %s, %s, %s)", rows)
             conn.commit()
         for first in range(0, inserts, ROWS_PER_TRANSACTION):
-            cur.execute(
-                "UPDATE events SET n = n + 1 WHERE id >= %s AND id < %s", (first, first + ROWS_PER_TRANSACTION)
-            )
+            cur.execute("UPDATE events SET n = n + 1 WHERE id >= %s AND id < %s", (first, first + ROWS_PER_TRANSACTION))
             conn.commit()
         cur.execute("SHOW MASTER STATUS")
         end_file, end_pos = cur.fetchone()[:2]

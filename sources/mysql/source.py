@@ -108,12 +108,9 @@ class MysqlSource(SourceBase, DistinctInserts, KeepsUnknownFields):
             snapshot_chunk_rows=snapshot_chunk_rows,
             read_timeout_s=read_timeout_s,
         )
-        if state_dir is None or (isinstance(state_dir, str) and not state_dir):
-            raise ConfigError(
-                "state_dir",
-                "the source keeps its snapshot in a folder every task reaches: give state_dir (a path or an "
-                "s3:// URI), or run it in a pipeline, which gives its lake's",
-            )
+        if isinstance(state_dir, str) and not state_dir:
+            raise ConfigError("state_dir", "must be a folder's path or an s3:// URI, got ''")
+        #: Where the snapshot is kept; ``None`` for a source built only to check a definition.
         self.state = StateFolder.at(state_dir) if isinstance(state_dir, str) else state_dir
         self.on_record_error = check_record_error_policy(on_record_error)
         conn = connect(self.options)
@@ -196,6 +193,7 @@ class MysqlSource(SourceBase, DistinctInserts, KeepsUnknownFields):
         if isinstance(split, ChunkSplit):
             assert split.chunk is not None
             spec = next(spec for spec in self.specs if spec.output == split.chunk.output)
+            assert self.state is not None, "a chunk split is made only once the snapshot is captured"
             rows = read_chunk(self.state, split.chunk).to_pylist()
             changes = [Change(split.start, False, row) for row in rows]
             yield from upsert_batch(spec, partition, changes, unknown=spec.output in self._unknown, fail=fail)
@@ -223,5 +221,11 @@ class MysqlSource(SourceBase, DistinctInserts, KeepsUnknownFields):
         """The snapshot's manifest (by the driver and its tasks): read on first need, captured
         here, on the driver's first probe, if there is none yet."""
         if self._manifest is None:
+            if self.state is None:
+                raise ConfigError(
+                    "state_dir",
+                    "the source keeps its snapshot in a folder every task reaches: give state_dir (a path or an "
+                    "s3:// URI), or run it in a pipeline, which gives its lake's",
+                )
             self._manifest = load(self.state) or capture(self.options, self.specs, self.state)
         return self._manifest
