@@ -57,8 +57,9 @@ def server_errors(options: MysqlOptions, *, position: str | None = None) -> Iter
         code = _code(exc)
         text = str(exc.args[1] if len(exc.args) > 1 else exc).strip().splitlines()[0]
         if code in _DENIED:
+            what = f"SELECT on database {options.database}" if code in (1044, 1142) else "a privilege"
             raise DefiniteSourceError(
-                f"user {options.user} lacks a privilege on {options.host}:{options.port} ({text}): "
+                f"user {options.user} lacks {what} on {options.host}:{options.port} ({text}): "
                 f"GRANT {PRIVILEGES} ON *.* TO '{options.user}'"
             ) from None
         if code == _BINLOG_GONE:

@@ -123,7 +123,7 @@ def _copy(conn: pymysql.Connection, spec: TableSpec, state: StateFolder, first: 
     numbered from ``first``."""
     names = ", ".join(f"`{name}`" for name, _ in spec.columns)
     order = ", ".join(f"`{name}`" for name in spec.key)
-    chunks = []
+    chunks: list[Chunk] = []
     with conn.cursor(pymysql.cursors.SSCursor) as cur:
         cur.execute(f"SELECT {names} FROM `{spec.database}`.`{spec.table}` ORDER BY {order}")
         while rows := cur.fetchmany(per_chunk):
