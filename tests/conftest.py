@@ -55,6 +55,7 @@ PARTS: dict[str, frozenset[str]] = {
     "kafka": frozenset({"broker"}),
     "s3": frozenset({"s3_server"}),
     "postgres": frozenset({"postgres"}),
+    "mysql": frozenset({"mariadb"}),
     "browser": frozenset({"browser"}),
     "process": frozenset({"reclock_processes", "plugin_python", "executor_python"}),
 }

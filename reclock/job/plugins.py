@@ -37,6 +37,7 @@ BUILT_IN = {
     "kafka": "reclock.sources.kafka:KafkaSource",
     "files": "reclock.sources.files:FilesSource",
     "postgres": "reclock.sources.postgres:PostgresSource",
+    "mysql": "reclock.sources.mysql:MysqlSource",
 }
 
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")

@@ -3,7 +3,7 @@
 Stages, one module each: :mod:`~reclock.sources.postgres.config` (options),
 :mod:`~reclock.sources.postgres.catalog` (tables, keys, replica identity, the publication),
 :mod:`~reclock.sources.postgres.snapshot` (the slot and its consistent initial copy, captured
-by tasks), :mod:`~reclock.sources.postgres.state` (where it is kept: the lake, local or in S3),
+by tasks), :mod:`~reclock.sources.state` (where it is kept: the lake, local or in S3),
 :mod:`~reclock.sources.postgres.pgoutput` (the replication messages),
 :mod:`~reclock.sources.postgres.columns` (their values as Arrow), :mod:`~reclock.sources.postgres.changes`
 (transactions as output batches), :mod:`~reclock.sources.postgres.stream` (the reader of a

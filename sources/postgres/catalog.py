@@ -26,7 +26,7 @@ from reclock.errors import ConfigError, DefiniteSourceError
 from reclock.sources.base import Output
 from reclock.sources.postgres.columns import UNHELD, arrow_type, may_be_unheld
 from reclock.sources.postgres.config import TableName, output_name
-from reclock.sources.postgres.state import StateFolder
+from reclock.sources.state import StateFolder
 
 __all__ = [
     "CHANGE_COLUMNS",

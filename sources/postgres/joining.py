@@ -68,7 +68,7 @@ from reclock.sources.postgres.config import TableName
 from reclock.sources.postgres.leaving import changed_while_out, replaces
 from reclock.sources.postgres.pgoutput import parse_lsn
 from reclock.sources.postgres.snapshot import CHUNKS, CaptureFailed, Chunk, ChunkOffset, ChunkTask, copied, plan_chunks
-from reclock.sources.postgres.state import StateFolder
+from reclock.sources.state import StateFolder
 
 __all__ = [
     "JOINS",

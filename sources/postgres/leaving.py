@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING
 
 from reclock.errors import DefiniteSourceError
 from reclock.sources.postgres.config import TableName
-from reclock.sources.postgres.state import StateFolder
+from reclock.sources.state import StateFolder
 
 if TYPE_CHECKING:
     from reclock.sources.postgres.catalog import TableSpec

@@ -46,7 +46,7 @@ from reclock.sources.postgres.snapshot import (
     copy_chunk,
     load,
 )
-from reclock.sources.postgres.state import StateFolder
+from reclock.sources.state import StateFolder
 from reclock.timeline.frontier import Frontier
 
 __all__ = ["WAL", "ChunkSplit", "PostgresProbe"]

@@ -57,7 +57,7 @@ from reclock.sources.postgres.catalog import TableSpec
 from reclock.sources.postgres.chunks import typed_chunk
 from reclock.sources.postgres.clients import PostgresUnavailable, connect, server_errors
 from reclock.sources.postgres.pgoutput import parse_lsn
-from reclock.sources.postgres.state import StateFolder
+from reclock.sources.state import StateFolder
 
 __all__ = [
     "Capture",

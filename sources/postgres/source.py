@@ -91,8 +91,8 @@ from reclock.sources.postgres.snapshot import (
     copy_rows,
     read_chunk,
 )
-from reclock.sources.postgres.state import StateFolder
 from reclock.sources.postgres.stream import read_range
+from reclock.sources.state import StateFolder
 from reclock.timeline.frontier import Frontier, Partition, encode_partition
 
 __all__ = ["WAL", "ChunkSplit", "PostgresSource", "RangeSplit"]

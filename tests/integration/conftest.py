@@ -80,6 +80,22 @@ def postgres():
 
 
 @pytest.fixture(scope="session")
+def mariadb():
+    """A MariaDB 10.11 server logging row-based binlogs, one process for the session, stopped by
+    its PID (see tests/integration/mariadb.py); each test makes its own database. Skipped, saying
+    why, on a machine without the server package (``scripts/bootstrap`` installs it where it may
+    use apt)."""
+    from reclock.demo.mariadb_server import server_binary
+    from tests.integration.mariadb import MariaDBServer
+
+    if server_binary() is None:
+        pytest.skip("needs Debian's mariadb-server (apt-get install mariadb-server)")
+    server = MariaDBServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
 def browser() -> Iterator:
     """Headless Chromium from the distribution's packages, driven by Selenium through the
     distribution's chromedriver: nothing is downloaded at run time. Skipped, saying why, on a

@@ -12,7 +12,7 @@ import pyarrow as pa
 from reclock.runtime.planes import LocalDataPlane, run_in_order, task_runner
 from reclock.sources.base import AsksFirst
 from reclock.sources.postgres.source import PostgresSource
-from reclock.sources.postgres.state import StateFolder
+from reclock.sources.state import StateFolder
 
 
 def _square_and_thread(n: int) -> tuple[int, str]:

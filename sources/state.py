@@ -1,4 +1,4 @@
-"""Where the source keeps its captured snapshot: a folder of the pipeline's in the lake, local or in S3.
+"""Where a database source keeps its captured snapshot: a folder of the pipeline's in the lake, local or in S3.
 
 The snapshot's chunk files are written by tasks (Spark executors on a cluster) and read back by
 tasks, and its manifest by the driver, so the folder must be reachable from every process the
