@@ -74,7 +74,7 @@ def test_an_unknown_kind_lists_the_built_ins_and_the_installed_plugins(tmp_path,
     with pytest.raises(ConfigError) as caught:
         parse_config(_definition(kind="ftp"))
     assert str(caught.value) == (
-        "source.kind: must be one of files, generator, kafka, postgres, sensorlog (plugin), "
+        "source.kind: must be one of files, generator, kafka, mysql, postgres, sensorlog (plugin), "
         "or 'package.module:ClassName', got 'ftp'"
     )
 
